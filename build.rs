@@ -1,0 +1,18 @@
+//! Compiles `proto/` with protox (a pure-Rust protobuf compiler, so the build
+//! needs no system `protoc`) and generates the tonic service and prost
+//! messages, plus the encoded descriptor set that server reflection serves.
+
+use std::{env, path::PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/retrybudget/v1/retry_budget.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("retrybudget_descriptor.bin"))
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! The pure core: everything a decision is made of, with no I/O, no clock and
+//! no async runtime (no tokio, tonic or prost in here).
+//!
+//! - [`delay`]: the article's `retry_delay`, exact to the reference, and its
+//!   millisecond refinement.
+//! - [`action`]: the article's `next_action` on a [`Budget`].
+//! - [`activity`]: the durable state machine that owns an activity's budget:
+//!   given the recorded activity and a new failure report, the decision and
+//!   the new record.
+//! - [`codes`]: every stable string a client may match on, defined once.
+//!
+//! Time is always a parameter (`now`, logical milliseconds), never read here,
+//! so a replay of the same inputs gives the same answer.
+
+pub mod action;
+pub mod activity;
+pub mod codes;
+pub mod delay;
+
+pub use action::{Action, Budget, ErrorClass, next_action};
+pub use delay::{Delay, DelayParams, retry_delay};

@@ -1,0 +1,59 @@
+//! Stable codes: the strings clients match on. Defined once, here; every
+//! layer (gRPC status messages, CLI output, stored events) uses these
+//! constants, so a code can never drift between two places.
+//!
+//! Action codes are the reference `next_action` results; error codes start
+//! the message of an `INVALID_ARGUMENT` or `FAILED_PRECONDITION` status.
+
+/// A retry is scheduled.
+pub const SCHEDULE_RETRY: &str = "schedule_retry";
+/// The attempt budget is spent.
+pub const ATTEMPTS_EXHAUSTED: &str = "attempts_exhausted";
+/// The deadline has passed or would pass before the next retry.
+pub const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
+/// A permanent failure: never retried.
+pub const FAIL_PERMANENT: &str = "fail_permanent";
+/// Nobody can tell whether a retry is safe.
+pub const MANUAL_REVIEW: &str = "manual_review";
+/// The global retry capacity is exhausted for now.
+pub const DEFERRED: &str = "deferred";
+
+/// Closing code of an activity whose attempt succeeded.
+pub const SUCCEEDED: &str = "succeeded";
+/// Closing code of a parked activity a reviewer failed.
+pub const RESOLVED_FAILED: &str = "resolved_failed";
+/// Event code of a parked activity a reviewer reopened.
+pub const RESOLVED_RETRY: &str = "resolved_retry";
+
+/// The reference's error for an attempt number below 1.
+pub const ATTEMPT_MUST_BE_POSITIVE: &str = "attempt_must_be_positive";
+/// The reference's error for a class that is not transient, permanent or
+/// unknown.
+pub const UNKNOWN_ERROR_CLASS: &str = "unknown_error_class";
+/// An activity id of zero bytes.
+pub const EMPTY_ACTIVITY_ID: &str = "empty_activity_id";
+/// An activity id over [`MAX_ID_BYTES`](crate::budget::activity::MAX_ID_BYTES).
+pub const ACTIVITY_ID_TOO_LONG: &str = "activity_id_too_long";
+/// An activity id with a control character (which would corrupt logs and
+/// the CLI's output).
+pub const ACTIVITY_ID_CONTROL_CHARACTER: &str = "activity_id_control_character";
+/// A tenant id that is empty, too long, or has characters outside printable
+/// ASCII.
+pub const INVALID_TENANT: &str = "invalid_tenant";
+/// A workflow id that is too long or has control characters.
+pub const INVALID_WORKFLOW_ID: &str = "invalid_workflow_id";
+/// A timestamp outside the range the service can represent.
+pub const INVALID_TIMESTAMP: &str = "invalid_timestamp";
+/// A failure reported at a logical time before the activity started.
+pub const OCCURRED_BEFORE_START: &str = "occurred_before_start";
+/// A resolution that is neither fail nor retry.
+pub const UNKNOWN_RESOLUTION: &str = "unknown_resolution";
+
+/// A durable report that skips attempts.
+pub const ATTEMPT_OUT_OF_ORDER: &str = "attempt_out_of_order";
+/// A durable report for an activity that is already closed.
+pub const ACTIVITY_CLOSED: &str = "activity_closed";
+/// A resolution for an activity that is not parked.
+pub const ACTIVITY_NOT_PARKED: &str = "activity_not_parked";
+/// An activity the store does not hold.
+pub const ACTIVITY_NOT_FOUND: &str = "activity_not_found";

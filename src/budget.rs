@@ -14,8 +14,10 @@
 
 pub mod action;
 pub mod activity;
+pub mod classify;
 pub mod codes;
 pub mod delay;
+pub mod hint;
 
 pub use action::{Action, Budget, ErrorClass, next_action};
 pub use delay::{Delay, DelayParams, retry_delay};

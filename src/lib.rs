@@ -12,4 +12,5 @@
 //! - [`cli`]: the command line, for people without grpcurl.
 #![forbid(unsafe_code)]
 
+pub mod bucket;
 pub mod budget;

@@ -1,0 +1,1 @@
+//! Failure classification (in progress).

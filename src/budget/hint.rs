@@ -1,0 +1,1 @@
+//! Server retry hints (in progress).

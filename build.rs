@@ -2,7 +2,7 @@
 //! needs no system `protoc`) and generates the tonic service and prost
 //! messages, plus the encoded descriptor set that server reflection serves.
 
-use std::{env, path::PathBuf};
+use std::{env, fs, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["proto/retrybudget/v1/retry_budget.proto"];
@@ -11,8 +11,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(protos, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    tonic_prost_build::configure()
-        .file_descriptor_set_path(out_dir.join("retrybudget_descriptor.bin"))
-        .compile_fds(fds)?;
+    // The descriptor set holds our files and every file they import, so
+    // reflection clients can resolve google.protobuf types too.
+    fs::write(
+        out_dir.join("retrybudget_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure().compile_fds(fds)?;
     Ok(())
 }

@@ -5,6 +5,10 @@
 //! Dependencies point inward: the core depends on nothing of ours.
 //! - [`budget`]: the pure core (backoff, next action, the activity state
 //!   machine, stable codes). No I/O, no clock, no tokio, tonic or prost.
+//! - [`bucket`]: the global retry-token bucket with fair per-tenant shares,
+//!   and the tower layer that hands a permit to each `NextAction` call.
+//! - [`ledger`]: durable activity budgets: one activity at a time, durable
+//!   before the reply.
 //! - [`store`]: where activities live, behind one [`store::Store`] trait.
 //! - [`grpc`]: the `retrybudget.v1` edge: protobuf types, conversions and
 //!   the one place errors become `tonic::Status`.
@@ -14,3 +18,9 @@
 
 pub mod bucket;
 pub mod budget;
+pub mod cli;
+pub mod clock;
+pub mod grpc;
+pub mod ledger;
+pub mod server;
+pub mod store;

@@ -1,1 +1,70 @@
-fn main() {}
+//! The `retry-budget` binary: parse, set up logging, hand over to the
+//! library.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use retry_budget::cli::{Cli, Command};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let serve = match cli.command {
+        None => cli.serve,
+        Some(Command::Serve(args)) => args,
+        Some(other) => return retry_budget::cli::run_client(other).await,
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let listener = match tokio::net::TcpListener::bind(serve.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, addr = %serve.listen, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    match retry_budget::server::run(listener, serve.config(), shutdown_signal()).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            tracing::error!(%error, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM (how orchestrators stop a process) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}

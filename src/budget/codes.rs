@@ -53,6 +53,8 @@ pub const UNKNOWN_RESOLUTION: &str = "unknown_resolution";
 pub const ATTEMPT_OUT_OF_ORDER: &str = "attempt_out_of_order";
 /// A durable report for an activity that is already closed.
 pub const ACTIVITY_CLOSED: &str = "activity_closed";
+/// A new report for an activity parked for manual review.
+pub const ACTIVITY_PARKED: &str = "activity_parked";
 /// A resolution for an activity that is not parked.
 pub const ACTIVITY_NOT_PARKED: &str = "activity_not_parked";
 /// An activity the store does not hold.

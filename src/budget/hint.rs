@@ -1,1 +1,276 @@
-//! Server retry hints (in progress).
+//! Server hints: what the failed response said about when to come back,
+//! normalised to one delay the planner can take as `max(backoff, hint)`.
+//!
+//! Three hints are read:
+//! - `Retry-After` (RFC 9110 section 10.2.3): delay-seconds, or an
+//!   HTTP-date in any of its three forms (IMF-fixdate, obsolete RFC 850,
+//!   asctime), parsed by the `httpdate` crate;
+//! - `grpc-retry-pushback-ms` (gRPC proposal A6): milliseconds, where a
+//!   negative value asks the client not to retry at all;
+//! - `google.rpc.RetryInfo.retry_delay`: a protobuf `Duration`.
+//!
+//! # Reference time
+//! An HTTP-date is an instant, not a delay. It is measured against the
+//! response's own `Date` header when that is valid (both dates come from the
+//! server's clock, so its skew cancels out), else against the failure's
+//! `occurred_at`. Never against the service's clock: a replay of the same
+//! report plans the same delay. A date in the past is a delay of zero.
+//!
+//! # Values the service cannot use
+//! An invalid value never fails the request: it is ignored and reported
+//! with a stable reason code ([`IgnoredHints::codes`]), and the decision
+//! goes on with the other hints. A delay-seconds too large for the service
+//! is not invalid: like the `delta-seconds` of RFC 9111 section 1.2.2 it
+//! saturates, the server meant "a long time", and the cap applies.
+//!
+//! # The cap
+//! The largest valid hint wins and is capped by the configured maximum,
+//! with a flag saying so: a server cannot park an activity for a year, and
+//! an activity whose hinted time falls past its deadline stops with
+//! `deadline_exceeded` (the planner's decision, not this module's).
+
+use std::time::UNIX_EPOCH;
+
+/// Source: `Retry-After` as delay-seconds.
+pub const SOURCE_RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
+/// Source: `Retry-After` as an HTTP-date.
+pub const SOURCE_RETRY_AFTER_DATE: &str = "retry_after_date";
+/// Source: `grpc-retry-pushback-ms`.
+pub const SOURCE_GRPC_RETRY_PUSHBACK: &str = "grpc_retry_pushback";
+/// Source: `google.rpc.RetryInfo.retry_delay`.
+pub const SOURCE_RETRY_INFO: &str = "retry_info";
+
+/// Reason: `Retry-After` is neither delay-seconds nor an HTTP-date
+/// (garbage, a sign, a fraction, a wrong weekday...); ignored.
+pub const RETRY_AFTER_INVALID: &str = "retry_after_invalid";
+/// Reason: `Retry-After` is an HTTP-date but the response's `Date` is not;
+/// the date was measured against `occurred_at` instead.
+pub const DATE_INVALID: &str = "date_invalid";
+/// Reason: the `RetryInfo` delay is negative or not a valid `Duration`;
+/// ignored.
+pub const RETRY_INFO_INVALID: &str = "retry_info_invalid";
+/// Reason: a negative `grpc-retry-pushback-ms`, the server asking not to
+/// retry ([`Hint::do_not_retry`]).
+pub const GRPC_PUSHBACK_DO_NOT_RETRY: &str = "grpc_pushback_do_not_retry";
+
+/// The largest `Duration.seconds` protobuf allows (10 000 years).
+const MAX_DURATION_SECONDS: i64 = 315_576_000_000;
+/// Nanoseconds in a second.
+const NANOS_PER_SECOND: i32 = 1_000_000_000;
+/// Nanoseconds in a millisecond.
+const NANOS_PER_MILLI: u64 = 1_000_000;
+
+/// The hints of one failed response, raw as the worker received them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RawHints<'a> {
+    /// The `Retry-After` header value; empty (or only whitespace) means
+    /// absent.
+    pub retry_after: &'a str,
+    /// The response's `Date` header value; empty means absent.
+    pub date: &'a str,
+    /// `grpc-retry-pushback-ms`, when the trailer was present.
+    pub grpc_retry_pushback_ms: Option<i64>,
+    /// `google.rpc.RetryInfo.retry_delay`, when the status carried one.
+    pub retry_info_delay: Option<RetryInfoDelay>,
+}
+
+/// A protobuf `Duration` as the core sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RetryInfoDelay {
+    /// Whole seconds.
+    pub seconds: i64,
+    /// Nanoseconds, same sign as `seconds`, below one second.
+    pub nanos: i32,
+}
+
+/// Which hint gave the delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HintSource {
+    /// `Retry-After: 120`.
+    RetryAfterSeconds,
+    /// `Retry-After: Sun, 06 Nov 1994 08:51:37 GMT`.
+    RetryAfterDate,
+    /// `grpc-retry-pushback-ms`.
+    GrpcRetryPushback,
+    /// `google.rpc.RetryInfo`.
+    RetryInfo,
+}
+
+impl HintSource {
+    /// The stable name recorded with the decision.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RetryAfterSeconds => SOURCE_RETRY_AFTER_SECONDS,
+            Self::RetryAfterDate => SOURCE_RETRY_AFTER_DATE,
+            Self::GrpcRetryPushback => SOURCE_GRPC_RETRY_PUSHBACK,
+            Self::RetryInfo => SOURCE_RETRY_INFO,
+        }
+    }
+}
+
+/// Which raw values were ignored (or, for `date`, replaced by
+/// `occurred_at`). A set of flags, so building it allocates nothing.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+pub struct IgnoredHints {
+    /// `Retry-After` was invalid ([`RETRY_AFTER_INVALID`]).
+    pub retry_after: bool,
+    /// `Date` was needed and invalid ([`DATE_INVALID`]).
+    pub date: bool,
+    /// The `RetryInfo` delay was invalid ([`RETRY_INFO_INVALID`]).
+    pub retry_info: bool,
+}
+
+impl IgnoredHints {
+    /// Whether every value given was usable.
+    pub fn is_empty(self) -> bool {
+        self == Self::default()
+    }
+
+    /// The stable reason codes, in a fixed order.
+    pub fn codes(self) -> impl Iterator<Item = &'static str> {
+        [
+            (self.retry_after, RETRY_AFTER_INVALID),
+            (self.date, DATE_INVALID),
+            (self.retry_info, RETRY_INFO_INVALID),
+        ]
+        .into_iter()
+        .filter_map(|(set, code)| set.then_some(code))
+    }
+}
+
+/// The server's hints normalised to one delay.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+pub struct Hint {
+    /// The delay the server asked for, in milliseconds: the largest valid
+    /// hint, capped. Zero when there is none.
+    pub delay_ms: u64,
+    /// The hint that gave `delay_ms` (the first of Retry-After, pushback,
+    /// RetryInfo among equals); `None` when no valid hint was given.
+    pub source: Option<HintSource>,
+    /// True when the hint was above the maximum and `delay_ms` is the
+    /// maximum.
+    pub capped: bool,
+    /// True when `grpc-retry-pushback-ms` was negative: the server asks not
+    /// to retry ([`GRPC_PUSHBACK_DO_NOT_RETRY`]). The other hints are still
+    /// normalised, for the record.
+    pub do_not_retry: bool,
+    /// The values that could not be used.
+    pub ignored: IgnoredHints,
+}
+
+/// Normalises a response's hints to one delay, never failing.
+///
+/// `occurred_at_ms` (unix milliseconds) is the reference for an HTTP-date
+/// when the response's `Date` is absent or invalid; `max_hint_ms` caps the
+/// result (0 disables hints: every delay is capped to zero).
+pub fn normalize(raw: &RawHints<'_>, occurred_at_ms: i64, max_hint_ms: u64) -> Hint {
+    let mut ignored = IgnoredHints::default();
+    let retry_after = match retry_after(raw.retry_after, raw.date, occurred_at_ms) {
+        RetryAfter::Absent => None,
+        RetryAfter::Invalid => {
+            ignored.retry_after = true;
+            None
+        }
+        RetryAfter::Seconds(ms) => Some((ms, HintSource::RetryAfterSeconds)),
+        RetryAfter::Date { ms, date_invalid } => {
+            ignored.date = date_invalid;
+            Some((ms, HintSource::RetryAfterDate))
+        }
+    };
+    let pushback = raw
+        .grpc_retry_pushback_ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(|ms| (ms, HintSource::GrpcRetryPushback));
+    let retry_info = raw.retry_info_delay.and_then(|delay| {
+        let ms = duration_ms(delay);
+        ignored.retry_info = ms.is_none();
+        ms.map(|ms| (ms, HintSource::RetryInfo))
+    });
+    let largest = [retry_after, pushback, retry_info]
+        .into_iter()
+        .flatten()
+        // `max_by_key` keeps the last of equals; the first is wanted.
+        .reduce(|best, next| if next.0 > best.0 { next } else { best });
+    let (delay_ms, source, capped) = match largest {
+        Some((ms, source)) => (ms.min(max_hint_ms), Some(source), ms > max_hint_ms),
+        None => (0, None, false),
+    };
+    Hint {
+        delay_ms,
+        source,
+        capped,
+        do_not_retry: raw.grpc_retry_pushback_ms.is_some_and(|ms| ms < 0),
+        ignored,
+    }
+}
+
+/// What a `Retry-After` value said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryAfter {
+    /// Empty or only whitespace.
+    Absent,
+    /// Neither form.
+    Invalid,
+    /// delay-seconds, in milliseconds (saturating).
+    Seconds(u64),
+    /// An HTTP-date, as milliseconds after the reference (0 if past).
+    Date {
+        ms: u64,
+        /// `Date` was given but invalid, so `occurred_at` was the reference.
+        date_invalid: bool,
+    },
+}
+
+/// Parses `Retry-After` against the response's `Date` or `occurred_at`.
+fn retry_after(value: &str, date: &str, occurred_at_ms: i64) -> RetryAfter {
+    let value = value.trim_ascii();
+    if value.is_empty() {
+        return RetryAfter::Absent;
+    }
+    if value.bytes().all(|b| b.is_ascii_digit()) {
+        // delay-seconds = 1*DIGIT, unbounded: saturate (RFC 9111 1.2.2).
+        let seconds = value.bytes().fold(0u64, |n, digit| {
+            n.saturating_mul(10).saturating_add(u64::from(digit - b'0'))
+        });
+        return RetryAfter::Seconds(seconds.saturating_mul(1000));
+    }
+    let Some(at_ms) = http_date_ms(value) else {
+        return RetryAfter::Invalid;
+    };
+    let date = date.trim_ascii();
+    let (reference_ms, date_invalid) = match http_date_ms(date) {
+        Some(ms) => (ms, false),
+        None => (occurred_at_ms, !date.is_empty()),
+    };
+    // Both fit in i64 (HTTP-dates end in year 9999), so the difference
+    // fits in i128; a past date is zero.
+    let ms = (i128::from(at_ms) - i128::from(reference_ms)).max(0);
+    RetryAfter::Date {
+        ms: u64::try_from(ms).unwrap_or(u64::MAX),
+        date_invalid,
+    }
+}
+
+/// An HTTP-date in any of RFC 9110's three forms, as unix milliseconds.
+fn http_date_ms(value: &str) -> Option<i64> {
+    let time = httpdate::parse_http_date(value).ok()?;
+    let seconds = time.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    i64::try_from(seconds).ok()?.checked_mul(1000)
+}
+
+/// A valid, non-negative protobuf `Duration` in milliseconds, rounded up
+/// (never earlier than the server asked).
+fn duration_ms(delay: RetryInfoDelay) -> Option<u64> {
+    let seconds = u64::try_from(delay.seconds).ok()?;
+    let nanos = u64::try_from(delay.nanos).ok()?;
+    if delay.seconds > MAX_DURATION_SECONDS || delay.nanos >= NANOS_PER_SECOND {
+        return None;
+    }
+    // At most 315_576_000_000_999 ms: no overflow.
+    Some(seconds * 1000 + nanos.div_ceil(NANOS_PER_MILLI))
+}

@@ -1,0 +1,33 @@
+//! The `retrybudget.v1` edge: the only place protobuf types exist.
+//!
+//! - [`pb`]: the generated messages, service and descriptor set.
+//! - `convert`: protobuf <-> core types, with input validation.
+//! - `status`: the one place errors become `tonic::Status`.
+//! - [`RetryBudgetService`]: the service implementation, thin: validate,
+//!   call the core or the ledger, convert back.
+
+mod convert;
+mod service;
+mod status;
+
+pub use service::{Draining, RetryBudgetService};
+
+/// The generated protobuf types and service of `retrybudget.v1`.
+pub mod pb {
+    #![allow(
+        missing_docs,
+        clippy::doc_lazy_continuation,
+        clippy::doc_overindented_list_items
+    )]
+    tonic::include_proto!("retrybudget.v1");
+
+    /// The encoded descriptor set of every `retrybudget.v1` file, served by
+    /// server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("retrybudget_descriptor");
+}
+
+/// The full gRPC name of the service, as health checks name it.
+pub const SERVICE_NAME: &str = "retrybudget.v1.RetryBudget";
+/// The request metadata key that names the tenant.
+pub const TENANT_HEADER: &str = "x-tenant-id";

@@ -1,0 +1,219 @@
+//! Conversions between protobuf messages and core types, with the input
+//! checks that belong to the wire (enum values, timestamps, metadata).
+
+use prost_types::Timestamp;
+use tonic::metadata::MetadataMap;
+
+use super::{TENANT_HEADER, pb};
+use crate::budget::activity::{
+    ActivityRecord, BudgetError, DEFAULT_TENANT, Event, EventKind, Policy, Resolution, Status,
+    validate_tenant,
+};
+use crate::budget::{Action, ErrorClass};
+use crate::ledger::Decided;
+
+/// The tenant named by the `x-tenant-id` metadata; absent means `default`.
+pub(super) fn tenant(metadata: &MetadataMap) -> Result<String, BudgetError> {
+    let Some(value) = metadata.get(TENANT_HEADER) else {
+        return Ok(DEFAULT_TENANT.to_owned());
+    };
+    let tenant = value.to_str().map_err(|_| BudgetError::InvalidTenant)?;
+    validate_tenant(tenant)?;
+    Ok(tenant.to_owned())
+}
+
+/// The class of a wire `ErrorClass`; unspecified and unknown numbers are the
+/// reference's `unknown_error_class`.
+pub(super) fn error_class(value: i32) -> Result<ErrorClass, BudgetError> {
+    match pb::ErrorClass::try_from(value) {
+        Ok(pb::ErrorClass::Transient) => Ok(ErrorClass::Transient),
+        Ok(pb::ErrorClass::Permanent) => Ok(ErrorClass::Permanent),
+        Ok(pb::ErrorClass::Unknown) => Ok(ErrorClass::Unknown),
+        Ok(pb::ErrorClass::Unspecified) | Err(_) => Err(BudgetError::UnknownErrorClass),
+    }
+}
+
+fn error_class_to_pb(class: ErrorClass) -> pb::ErrorClass {
+    match class {
+        ErrorClass::Transient => pb::ErrorClass::Transient,
+        ErrorClass::Permanent => pb::ErrorClass::Permanent,
+        ErrorClass::Unknown => pb::ErrorClass::Unknown,
+    }
+}
+
+pub(super) fn resolution(value: i32) -> Result<Resolution, BudgetError> {
+    match pb::Resolution::try_from(value) {
+        Ok(pb::Resolution::Fail) => Ok(Resolution::Fail),
+        Ok(pb::Resolution::Retry) => Ok(Resolution::Retry),
+        Ok(pb::Resolution::Unspecified) | Err(_) => Err(BudgetError::UnknownResolution),
+    }
+}
+
+pub(super) fn action_to_pb(action: Action) -> pb::Action {
+    match action {
+        Action::ScheduleRetry => pb::Action::ScheduleRetry,
+        Action::AttemptsExhausted => pb::Action::AttemptsExhausted,
+        Action::DeadlineExceeded => pb::Action::DeadlineExceeded,
+        Action::FailPermanent => pb::Action::FailPermanent,
+        Action::ManualReview => pb::Action::ManualReview,
+        Action::Deferred => pb::Action::Deferred,
+    }
+}
+
+pub(super) fn status_to_pb(status: Status) -> pb::ActivityStatus {
+    match status {
+        Status::Open => pb::ActivityStatus::Open,
+        Status::Parked => pb::ActivityStatus::Parked,
+        Status::Closed => pb::ActivityStatus::Closed,
+    }
+}
+
+/// Unix milliseconds of a timestamp.
+pub(super) fn millis(ts: &Timestamp, field: &'static str) -> Result<i64, BudgetError> {
+    let invalid = BudgetError::InvalidTimestamp { field };
+    if !(0..1_000_000_000).contains(&ts.nanos) {
+        return Err(invalid);
+    }
+    ts.seconds
+        .checked_mul(1000)
+        .and_then(|ms| ms.checked_add(i64::from(ts.nanos / 1_000_000)))
+        .ok_or(invalid)
+}
+
+/// The timestamp of unix milliseconds.
+pub(super) fn timestamp(ms: i64) -> Timestamp {
+    Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+impl From<pb::Policy> for Policy {
+    fn from(p: pb::Policy) -> Self {
+        Self {
+            max_attempts: p.max_attempts,
+            deadline_seconds: p.deadline_seconds,
+            base: p.base,
+            cap: p.cap,
+        }
+    }
+}
+
+impl From<Policy> for pb::Policy {
+    fn from(p: Policy) -> Self {
+        Self {
+            max_attempts: p.max_attempts,
+            deadline_seconds: p.deadline_seconds,
+            base: p.base,
+            cap: p.cap,
+        }
+    }
+}
+
+impl From<&Event> for pb::ActivityEvent {
+    fn from(e: &Event) -> Self {
+        Self {
+            kind: e.kind.as_str().to_owned(),
+            attempt: e.attempt,
+            error_class: e
+                .class
+                .map_or(pb::ErrorClass::Unspecified, error_class_to_pb)
+                as i32,
+            occurred_at: Some(timestamp(e.occurred_at_ms)),
+            occurred_at_stamped: e.occurred_at_stamped,
+            elapsed_seconds: e.elapsed_ms / 1000,
+            backoff_ms: e.backoff_ms,
+            delay_seconds: e.delay_seconds,
+            delay_ms: e.delay_ms,
+            not_before: e.not_before_ms.map(timestamp),
+            action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
+            code: e.code.clone(),
+            reason: e.reason.clone(),
+            token_taken: e.token_taken,
+            recorded_at: Some(timestamp(e.recorded_at_ms)),
+            defer_reason: e.defer_reason.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl From<ActivityRecord> for pb::Activity {
+    fn from(r: ActivityRecord) -> Self {
+        Self {
+            events: r.events.iter().map(pb::ActivityEvent::from).collect(),
+            tenant: r.tenant,
+            activity_id: r.activity_id,
+            workflow_id: r.workflow_id,
+            policy: Some(r.policy.into()),
+            started_at: Some(timestamp(r.started_at_ms)),
+            attempts: r.attempts,
+            status: status_to_pb(r.status) as i32,
+            closed_code: r.closed_code.unwrap_or_default(),
+            closed_at: r.closed_at_ms.map(timestamp),
+            reservation_not_before: r.reservation.map(|res| timestamp(res.not_before_ms)),
+        }
+    }
+}
+
+impl From<Decided> for pb::NextActionResponse {
+    fn from(d: Decided) -> Self {
+        let e = d.event;
+        debug_assert_eq!(e.kind, EventKind::Decision);
+        Self {
+            action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
+            code: e.code,
+            delay_seconds: e.delay_seconds,
+            delay_ms: e.delay_ms,
+            not_before: e.not_before_ms.map(timestamp),
+            replayed: d.replayed,
+            reason: e.reason,
+            attempt: e.attempt,
+            policy: Some(d.policy.into()),
+            policy_conflict: d.policy_conflict,
+            token_taken: e.token_taken,
+            defer_reason: e.defer_reason.unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_including_before_1970() {
+        for ms in [0, 1, 999, 1000, -1, -999, -1001, 1_700_000_000_123] {
+            assert_eq!(millis(&timestamp(ms), "t").unwrap(), ms);
+        }
+    }
+
+    #[test]
+    fn out_of_range_timestamps_are_rejected() {
+        let bad = [
+            Timestamp {
+                seconds: 0,
+                nanos: -1,
+            },
+            Timestamp {
+                seconds: 0,
+                nanos: 1_000_000_000,
+            },
+            Timestamp {
+                seconds: i64::MAX,
+                nanos: 0,
+            },
+        ];
+        for ts in bad {
+            assert_eq!(
+                millis(&ts, "occurred_at").unwrap_err().code(),
+                "invalid_timestamp"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_enum_numbers_are_unknown_error_class() {
+        for v in [0, 4, -1, 99] {
+            assert_eq!(error_class(v), Err(BudgetError::UnknownErrorClass));
+        }
+    }
+}

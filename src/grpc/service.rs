@@ -1,0 +1,210 @@
+//! The `RetryBudget` service: validate, call the core or the ledger, convert
+//! back. No decision logic lives here.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tonic::{Request, Response, Status};
+
+use super::convert::{self, millis};
+use super::pb::{self, retry_budget_server::RetryBudget};
+use super::status;
+use crate::budget::activity::{
+    ActivityKey, BudgetError, Report, validate_activity_id, validate_workflow_id,
+};
+use crate::budget::{Budget, DelayParams, next_action, retry_delay};
+use crate::clock::now_ms;
+use crate::ledger::{Ledger, SuccessOutcome, Unlimited};
+use crate::store::Store;
+
+/// Set when the server starts draining: new calls are refused with
+/// `UNAVAILABLE` while calls in flight finish.
+#[derive(Debug, Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    /// Starts refusing new calls.
+    pub fn start(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    fn check(&self) -> Result<(), Status> {
+        if self.0.load(Ordering::Acquire) {
+            return Err(status::draining());
+        }
+        Ok(())
+    }
+}
+
+/// The `retrybudget.v1.RetryBudget` implementation.
+pub struct RetryBudgetService<S> {
+    ledger: Arc<Ledger<S>>,
+    draining: Draining,
+}
+
+impl<S> RetryBudgetService<S> {
+    /// The service over a ledger; it refuses new calls once `draining`
+    /// starts.
+    pub fn new(ledger: Arc<Ledger<S>>, draining: Draining) -> Self {
+        Self { ledger, draining }
+    }
+}
+
+fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, BudgetError> {
+    validate_activity_id(&activity_id)?;
+    Ok(ActivityKey {
+        tenant: convert::tenant(request.metadata())?,
+        activity_id,
+    })
+}
+
+#[tonic::async_trait]
+impl<S: Store> RetryBudget for RetryBudgetService<S> {
+    async fn retry_delay(
+        &self,
+        request: Request<pb::RetryDelayRequest>,
+    ) -> Result<Response<pb::RetryDelayResponse>, Status> {
+        self.draining.check()?;
+        let req = request.into_inner();
+        if req.attempt == 0 {
+            return Err(BudgetError::AttemptMustBePositive.into());
+        }
+        validate_activity_id(&req.activity_id)?;
+        let defaults = DelayParams::default();
+        let params = DelayParams {
+            base: req.base.unwrap_or(defaults.base),
+            cap: req.cap.unwrap_or(defaults.cap),
+        };
+        let delay = retry_delay(&req.activity_id, req.attempt, params)
+            .map_err(|_| BudgetError::AttemptMustBePositive)?;
+        Ok(Response::new(pb::RetryDelayResponse {
+            delay_seconds: delay.seconds,
+            delay_ms: delay.millis,
+        }))
+    }
+
+    async fn next_action(
+        &self,
+        request: Request<pb::NextActionRequest>,
+    ) -> Result<Response<pb::NextActionResponse>, Status> {
+        self.draining.check()?;
+        let tenant = convert::tenant(request.metadata())?;
+        let req = request.into_inner();
+        let class = convert::error_class(req.error_class)?;
+        if let Some(budget) = req.budget {
+            return pure_next_action(&budget, class, &req.activity_id, req.policy)
+                .map(Response::new);
+        }
+        validate_activity_id(&req.activity_id)?;
+        validate_workflow_id(&req.workflow_id)?;
+        let occurred_at_ms = req
+            .occurred_at
+            .as_ref()
+            .map(|ts| millis(ts, "occurred_at"))
+            .transpose()?;
+        let key = ActivityKey {
+            tenant,
+            activity_id: req.activity_id,
+        };
+        let report = Report {
+            attempt: req.attempt,
+            class,
+            policy: req.policy.map(Into::into),
+            occurred_at_ms,
+            workflow_id: &req.workflow_id,
+        };
+        let decided = self
+            .ledger
+            .report(&key, &report, Unlimited, now_ms())
+            .await?;
+        Ok(Response::new(decided.into()))
+    }
+
+    async fn record_success(
+        &self,
+        request: Request<pb::RecordSuccessRequest>,
+    ) -> Result<Response<pb::RecordSuccessResponse>, Status> {
+        self.draining.check()?;
+        let occurred_at_ms = request
+            .get_ref()
+            .occurred_at
+            .as_ref()
+            .map(|ts| millis(ts, "occurred_at"))
+            .transpose()?;
+        let key = key(&request, request.get_ref().activity_id.clone())?;
+        let outcome = self
+            .ledger
+            .record_success(&key, occurred_at_ms, now_ms())
+            .await?;
+        let (status, changed) = match outcome {
+            SuccessOutcome::Unknown => (pb::ActivityStatus::Unspecified, false),
+            SuccessOutcome::AlreadyClosed => (pb::ActivityStatus::Closed, false),
+            SuccessOutcome::Closed => (pb::ActivityStatus::Closed, true),
+        };
+        Ok(Response::new(pb::RecordSuccessResponse {
+            status: status as i32,
+            changed,
+        }))
+    }
+
+    async fn resolve_activity(
+        &self,
+        request: Request<pb::ResolveActivityRequest>,
+    ) -> Result<Response<pb::ResolveActivityResponse>, Status> {
+        self.draining.check()?;
+        let resolution = convert::resolution(request.get_ref().resolution)?;
+        let key = key(&request, request.get_ref().activity_id.clone())?;
+        let note = &request.get_ref().note;
+        let status = self
+            .ledger
+            .resolve(&key, resolution, note, now_ms())
+            .await?;
+        Ok(Response::new(pb::ResolveActivityResponse {
+            status: convert::status_to_pb(status) as i32,
+        }))
+    }
+
+    async fn get_activity(
+        &self,
+        request: Request<pb::GetActivityRequest>,
+    ) -> Result<Response<pb::Activity>, Status> {
+        self.draining.check()?;
+        let key = key(&request, request.get_ref().activity_id.clone())?;
+        let record = self.ledger.get(&key).await?;
+        Ok(Response::new(record.into()))
+    }
+}
+
+/// The pure form: the reference `next_action` on the budget as given, plus
+/// the delay of a retry when an activity id is named. Nothing is stored.
+fn pure_next_action(
+    budget: &pb::Budget,
+    class: crate::budget::ErrorClass,
+    activity_id: &str,
+    policy: Option<pb::Policy>,
+) -> Result<pb::NextActionResponse, Status> {
+    let budget = Budget {
+        attempts: budget.attempts,
+        max_attempts: budget.max_attempts,
+        elapsed: budget.elapsed,
+        deadline: budget.deadline,
+    };
+    let action = next_action(&budget, class);
+    let mut response = pb::NextActionResponse {
+        action: convert::action_to_pb(action) as i32,
+        code: action.code().to_owned(),
+        attempt: budget.attempts,
+        ..Default::default()
+    };
+    if action == crate::budget::Action::ScheduleRetry && !activity_id.is_empty() {
+        validate_activity_id(activity_id)?;
+        let params = policy.map_or_else(DelayParams::default, |p| {
+            crate::budget::activity::Policy::from(p).delay_params()
+        });
+        let delay = retry_delay(activity_id, budget.attempts, params)
+            .map_err(|_| BudgetError::AttemptMustBePositive)?;
+        response.delay_seconds = delay.seconds;
+        response.delay_ms = delay.millis;
+    }
+    Ok(response)
+}

@@ -1,0 +1,53 @@
+//! Errors to `tonic::Status`, in exactly one place.
+//!
+//! Bad input is `INVALID_ARGUMENT`, a report that contradicts what is stored
+//! is `FAILED_PRECONDITION`, an unknown activity is `NOT_FOUND`: each with
+//! the stable code first in the message. A store that is down is
+//! `UNAVAILABLE` (nothing was acknowledged: safe to ask again). Anything
+//! unexpected is `INTERNAL`, logged here and not echoed to the caller.
+
+use tonic::Status;
+
+use crate::budget::activity::{BudgetError, ErrorKind};
+use crate::ledger::LedgerError;
+use crate::store::StoreError;
+
+impl From<BudgetError> for Status {
+    fn from(err: BudgetError) -> Self {
+        let message = err.to_string();
+        match err.kind() {
+            ErrorKind::InvalidArgument => Status::invalid_argument(message),
+            ErrorKind::FailedPrecondition => Status::failed_precondition(message),
+            ErrorKind::NotFound => Status::not_found(message),
+        }
+    }
+}
+
+impl From<StoreError> for Status {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Backend(_) | StoreError::Closed => {
+                tracing::warn!(error = %err, "store unavailable");
+                Status::unavailable(err.to_string())
+            }
+            StoreError::Corrupt { .. } => {
+                tracing::error!(error = %err, "stored record cannot be read");
+                Status::internal("internal: a stored record cannot be read; see the server log")
+            }
+        }
+    }
+}
+
+impl From<LedgerError> for Status {
+    fn from(err: LedgerError) -> Self {
+        match err {
+            LedgerError::Budget(e) => e.into(),
+            LedgerError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// The status of a call that arrives while the server drains.
+pub(super) fn draining() -> Status {
+    Status::unavailable("shutting_down: the server is draining; ask another replica")
+}

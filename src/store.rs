@@ -1,0 +1,66 @@
+//! Where activities live. Every store implements [`Store`], and every store
+//! passes the one conformance suite in `tests/store_conformance.rs`.
+//!
+//! The contract a store keeps:
+//! - [`Store::save`] returns only when the record is durable: a decision is
+//!   never acknowledged before it would survive a crash.
+//! - Saves that arrive together may share one durable commit (group commit),
+//!   so durability does not cost one fsync a request.
+//! - The caller serialises work on one activity (see `ledger`); a store needs
+//!   no lock of its own per activity.
+
+mod redb;
+
+pub use self::redb::{RedbStore, RedbStoreOptions};
+
+use std::future::Future;
+
+use crate::budget::activity::{ActivityKey, ActivityRecord};
+
+/// A store failed. The gRPC edge reports it as `UNAVAILABLE`: nothing was
+/// acknowledged, so the caller may safely ask again.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or failed an operation.
+    #[error("store_unavailable: {0}")]
+    Backend(String),
+    /// A stored record could not be decoded.
+    #[error("store_corrupt: record {key}: {detail}")]
+    Corrupt {
+        /// Which record.
+        key: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The store is shutting down and takes no more writes.
+    #[error("store_closed: the store is shutting down")]
+    Closed,
+}
+
+/// Durable storage of activity records.
+pub trait Store: Send + Sync + 'static {
+    /// The record of `key`, if the store holds it.
+    fn load(
+        &self,
+        key: &ActivityKey,
+    ) -> impl Future<Output = Result<Option<ActivityRecord>, StoreError>> + Send;
+
+    /// Writes `record`, replacing `previous` (the version the caller loaded,
+    /// `None` for a new activity), and returns once it is durable.
+    fn save(
+        &self,
+        record: &ActivityRecord,
+        previous: Option<&ActivityRecord>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes up to `limit` activities purgeable before `cutoff_ms` (see
+    /// [`ActivityRecord::purgeable_from_ms`]) and returns how many.
+    fn purge(
+        &self,
+        cutoff_ms: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// How many activities the store holds.
+    fn count(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}

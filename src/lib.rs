@@ -16,7 +16,7 @@
 //! - [`cli`]: the command line, for people without grpcurl.
 #![forbid(unsafe_code)]
 
-pub mod bucket;
+// pub mod bucket; (re-enabled when the token bucket lands)
 pub mod budget;
 pub mod cli;
 pub mod clock;

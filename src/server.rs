@@ -142,7 +142,7 @@ pub async fn serve<S: Store>(
 
     tokio::select! {
         result = &mut serving => {
-            sweeper.abort();
+            stop_task(sweeper).await;
             return result.map_err(Into::into);
         }
         () = shutdown => {}
@@ -156,7 +156,7 @@ pub async fn serve<S: Store>(
     health
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
-    sweeper.abort();
+    stop_task(sweeper).await;
 
     // Keep answering (health says NOT_SERVING, calls are refused) so that a
     // mesh notices before connections go away.
@@ -174,6 +174,13 @@ pub async fn serve<S: Store>(
             Ok(())
         }
     }
+}
+
+/// Aborts a background task and waits until it is gone, so whatever it
+/// holds (the ledger, hence the store) is released before `serve` returns.
+async fn stop_task(task: tokio::task::JoinHandle<()>) {
+    task.abort();
+    let _ = task.await;
 }
 
 /// Reflection over every service the server hosts, both reflection versions

@@ -83,8 +83,27 @@ pub struct CommitStats {
 #[derive(Clone)]
 pub struct RedbStore {
     db: Arc<Database>,
-    writes: mpsc::Sender<Write>,
+    writer: Arc<WriterHandle>,
     stats: Arc<CommitStats>,
+}
+
+/// The writer thread and its queue. Dropping the last handle closes the
+/// queue and waits for the thread to commit what it holds, so the database
+/// file is released when the last clone of the store is gone.
+struct WriterHandle {
+    writes: Option<mpsc::Sender<Write>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for WriterHandle {
+    fn drop(&mut self) {
+        drop(self.writes.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the redb writer thread panicked");
+        }
+    }
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -125,11 +144,15 @@ impl RedbStore {
             stats: Arc::clone(&stats),
             max_batch: options.max_batch.max(1),
         };
-        thread::Builder::new()
+        let thread = thread::Builder::new()
             .name("redb-writer".into())
             .spawn(move || writer.run(queue))
             .map_err(backend)?;
-        Ok(Self { db, writes, stats })
+        let writer = Arc::new(WriterHandle {
+            writes: Some(writes),
+            thread: Some(thread),
+        });
+        Ok(Self { db, writer, stats })
     }
 
     /// The database file of a data directory.
@@ -232,10 +255,8 @@ impl Store for RedbStore {
             new_purge: record.purgeable_from_ms(),
             done,
         };
-        self.writes
-            .send(write)
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        let writes = self.writer.writes.as_ref().ok_or(StoreError::Closed)?;
+        writes.send(write).await.map_err(|_| StoreError::Closed)?;
         acked
             .await
             .map_err(|_| StoreError::Closed)?

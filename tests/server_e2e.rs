@@ -1,0 +1,227 @@
+//! The server as a mesh sees it, over loopback: reflection (v1 and v1alpha),
+//! health, and a graceful drain in which calls in flight finish.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestServer, pb, report};
+use retry_budget::budget::activity::{ActivityKey, ActivityRecord};
+use retry_budget::server;
+use retry_budget::store::{RedbStore, RedbStoreOptions, Store, StoreError};
+use tokio_stream::StreamExt;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+async fn list_v1(server: &TestServer) -> Vec<String> {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let mut client = ServerReflectionClient::new(server.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("reflection v1")
+        .into_inner();
+    let response = responses.next().await.expect("one response").expect("ok");
+    match response.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
+}
+
+async fn list_v1alpha(server: &TestServer) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let mut client = ServerReflectionClient::new(server.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("reflection v1alpha")
+        .into_inner();
+    let response = responses.next().await.expect("one response").expect("ok");
+    match response.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn reflection_lists_the_service_in_both_versions() {
+    let server = TestServer::start().await;
+    for services in [list_v1(&server).await, list_v1alpha(&server).await] {
+        for expected in [
+            "retrybudget.v1.RetryBudget",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ] {
+            assert!(
+                services.iter().any(|s| s == expected),
+                "{expected} in {services:?}"
+            );
+        }
+    }
+    server.stop().await.unwrap();
+}
+
+async fn health(channel: tonic::transport::Channel, service: &str) -> Result<i32, tonic::Status> {
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .map(|r| r.into_inner().status)
+}
+
+#[tokio::test]
+async fn health_serves_both_names() {
+    let server = TestServer::start().await;
+    for name in ["", "retrybudget.v1.RetryBudget"] {
+        assert_eq!(
+            health(server.channel().await, name).await.unwrap(),
+            ServingStatus::Serving as i32
+        );
+    }
+    let unknown = health(server.channel().await, "nope").await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    server.stop().await.unwrap();
+}
+
+/// The real store, with every save held for a while: it makes a call
+/// reliably be in flight when the drain starts.
+#[derive(Clone)]
+struct SlowSaves {
+    inner: RedbStore,
+    delay: Duration,
+}
+
+impl Store for SlowSaves {
+    async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
+        self.inner.load(key).await
+    }
+    async fn save(
+        &self,
+        record: &ActivityRecord,
+        previous: Option<&ActivityRecord>,
+    ) -> Result<(), StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.save(record, previous).await
+    }
+    async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge(cutoff_ms, limit).await
+    }
+    async fn count(&self) -> Result<u64, StoreError> {
+        self.inner.count().await
+    }
+}
+
+#[tokio::test]
+async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SlowSaves {
+        inner: RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap(),
+        delay: Duration::from_millis(800),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = common::config(dir.path());
+    config.drain_delay = Duration::from_millis(1500);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server::serve(listener, store, config, async {
+        let _ = stopped.await;
+    }));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = pb::retry_budget_client::RetryBudgetClient::new(channel.clone());
+    assert_eq!(
+        health(channel.clone(), "").await.unwrap(),
+        ServingStatus::Serving as i32
+    );
+
+    // A call that is in flight (its save takes 800 ms) when the drain starts.
+    let in_flight = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            client
+                .next_action(report("in-flight", 1, pb::ErrorClass::Transient))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let signalled = tokio::time::Instant::now();
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for name in ["", "retrybudget.v1.RetryBudget"] {
+        assert_eq!(
+            health(channel.clone(), name).await.unwrap(),
+            ServingStatus::NotServing as i32,
+            "{name:?} while draining"
+        );
+    }
+    let refused = client
+        .next_action(report("new-call", 1, pb::ErrorClass::Transient))
+        .await
+        .expect_err("new calls are refused while draining");
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(
+        refused.message().starts_with("shutting_down"),
+        "{refused:?}"
+    );
+
+    let finished = in_flight
+        .await
+        .unwrap()
+        .expect("the call in flight completes");
+    assert_eq!(finished.into_inner().code, "schedule_retry");
+    running.await.unwrap().expect("exits cleanly");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "bounded drain"
+    );
+
+    // What the call in flight was told is durable.
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    let key = ActivityKey {
+        tenant: "default".into(),
+        activity_id: "in-flight".into(),
+    };
+    let record = store.load(&key).await.unwrap().expect("recorded");
+    assert_eq!(record.attempts, 1);
+}
+
+#[tokio::test]
+async fn a_stream_that_never_ends_does_not_hold_the_server_past_its_grace_period() {
+    let server = TestServer::start_with(|c| c.grace_period = Duration::from_millis(500)).await;
+    let mut watch = HealthClient::new(server.channel().await)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.next().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    let started = tokio::time::Instant::now();
+    server.stop().await.expect("clean exit");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

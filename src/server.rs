@@ -103,7 +103,9 @@ pub async fn serve<S: Store>(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let local: Option<SocketAddr> = listener.local_addr().ok();
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string());
     let defaults = Defaults {
         policy: config.default_policy,
     };
@@ -138,7 +140,7 @@ pub async fn serve<S: Store>(
         let _ = stopped.await;
     });
     tokio::pin!(serving);
-    tracing::info!(addr = ?local, service = SERVICE_NAME, "serving");
+    tracing::info!(addr = %local, service = SERVICE_NAME, "serving");
 
     tokio::select! {
         result = &mut serving => {

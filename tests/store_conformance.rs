@@ -1,0 +1,192 @@
+//! The one conformance suite every [`Store`] must pass, run here against
+//! each store the project has. A new store adds one `#[tokio::test]` that
+//! calls [`conformance`] with a way to open it.
+
+use std::sync::Arc;
+
+use retry_budget::budget::ErrorClass;
+use retry_budget::budget::activity::{
+    ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,
+};
+use retry_budget::store::{RedbStore, RedbStoreOptions, Store};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn key(tenant: &str, id: &str) -> ActivityKey {
+    ActivityKey {
+        tenant: tenant.into(),
+        activity_id: id.into(),
+    }
+}
+
+/// A record made by the real state machine: `attempts` transient failures.
+fn record(k: &ActivityKey, class: ErrorClass, deadline_seconds: u64) -> ActivityRecord {
+    let defaults = Defaults {
+        policy: Policy {
+            max_attempts: 5,
+            deadline_seconds,
+            base: None,
+            cap: None,
+        },
+    };
+    let report = Report {
+        attempt: 1,
+        class,
+        policy: None,
+        occurred_at_ms: Some(NOW),
+        workflow_id: "wf",
+    };
+    match plan(None, k, &report, &defaults, NOW).expect("valid report") {
+        Plan::Fresh(draft) => draft.finish().0,
+        Plan::Replay(_) => unreachable!("a new activity has nothing to replay"),
+    }
+}
+
+/// Runs every check against a store; `open` opens the same storage again
+/// (after the previous handle is dropped) to check durability.
+pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
+    let store = open();
+    let a = key("t1", "a");
+    assert_eq!(store.load(&a).await.unwrap(), None, "missing is None");
+    assert_eq!(store.count().await.unwrap(), 0);
+
+    // Save, load, update.
+    let first = record(&a, ErrorClass::Transient, 60);
+    store.save(&first, None).await.unwrap();
+    assert_eq!(store.load(&a).await.unwrap().as_ref(), Some(&first));
+    let closed = record_success(first.clone(), Some(NOW + 5), NOW + 10).expect("open");
+    store.save(&closed, Some(&first)).await.unwrap();
+    assert_eq!(store.load(&a).await.unwrap().as_ref(), Some(&closed));
+    assert_eq!(store.count().await.unwrap(), 1);
+
+    // Tenants are part of the key; odd ids round-trip.
+    for k in [key("t2", "a"), key("t1", "航班:1 🚀"), key("t1", "a:b")] {
+        let r = record(&k, ErrorClass::Transient, 60);
+        store.save(&r, None).await.unwrap();
+        assert_eq!(store.load(&k).await.unwrap(), Some(r));
+    }
+    assert_eq!(store.count().await.unwrap(), 4);
+
+    // Concurrent saves of distinct activities all land.
+    let store = Arc::new(store);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let k = key("bulk", &format!("act-{i}"));
+            store
+                .save(&record(&k, ErrorClass::Transient, 3600), None)
+                .await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.count().await.unwrap(), 204);
+
+    // Durability: everything is there after reopening.
+    drop(store);
+    let store = open();
+    assert_eq!(store.count().await.unwrap(), 204);
+    assert_eq!(store.load(&a).await.unwrap(), Some(closed.clone()));
+
+    // Purge: by purgeable time, never a parked activity, and an update
+    // moves the record's place in the purge order.
+    let parked_key = key("t3", "parked");
+    let parked = record(&parked_key, ErrorClass::Unknown, 0);
+    assert_eq!(parked.status, Status::Parked);
+    store.save(&parked, None).await.unwrap();
+    // `a` was closed at NOW + 10; the others expire at NOW + 60 s or 3600 s.
+    assert_eq!(
+        store.purge(NOW + 10, 1000).await.unwrap(),
+        0,
+        "cutoff is exclusive"
+    );
+    assert_eq!(store.purge(NOW + 11, 1000).await.unwrap(), 1);
+    assert_eq!(store.load(&a).await.unwrap(), None);
+    let b = key("t2", "a");
+    let b_open = store.load(&b).await.unwrap().unwrap();
+    let b_closed = record_success(b_open.clone(), None, NOW + 4_000_000).unwrap();
+    store.save(&b_closed, Some(&b_open)).await.unwrap();
+    // Two expire at NOW + 60 s (b no longer does: it closed later).
+    assert_eq!(store.purge(NOW + 60_001, 1000).await.unwrap(), 2);
+    assert!(store.load(&b).await.unwrap().is_some());
+    // A limit bounds one purge.
+    assert_eq!(store.purge(NOW + 3_600_001, 150).await.unwrap(), 150);
+    assert_eq!(store.purge(NOW + 3_600_001, 150).await.unwrap(), 50);
+    assert_eq!(store.purge(i64::MAX, 1000).await.unwrap(), 1, "b, closed");
+    assert_eq!(store.load(&parked_key).await.unwrap(), Some(parked));
+    assert_eq!(
+        store.count().await.unwrap(),
+        1,
+        "only the parked one is left"
+    );
+}
+
+#[tokio::test]
+async fn redb_store_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    conformance(move || RedbStore::open(&RedbStoreOptions::new(&path)).expect("open redb")).await;
+}
+
+#[tokio::test]
+async fn redb_saves_that_arrive_together_share_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..500 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let k = key("gc", &format!("act-{i}"));
+            store
+                .save(&record(&k, ErrorClass::Transient, 60), None)
+                .await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let stats = store.commit_stats();
+    let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+    let saves = stats.saves.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(saves, 500);
+    assert!(commits < 250, "{commits} commits for {saves} saves");
+}
+
+#[tokio::test]
+async fn redb_batch_of_one_commits_each_save_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = RedbStoreOptions::new(dir.path());
+    options.max_batch = 1;
+    let store = Arc::new(RedbStore::open(&options).unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let k = key("one", &format!("act-{i}"));
+            store
+                .save(&record(&k, ErrorClass::Transient, 60), None)
+                .await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let commits = store
+        .commit_stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(commits, 20);
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_open_the_same_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    let second = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap_err();
+    assert!(
+        second.to_string().starts_with("store_unavailable"),
+        "{second}"
+    );
+}

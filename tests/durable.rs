@@ -196,13 +196,13 @@ async fn replay_returns_the_recorded_decision_and_writes_nothing_even_across_a_r
         (
             again.code.as_str(),
             again.delay_ms,
-            again.not_before.clone(),
+            again.not_before,
             again.reason.as_str()
         ),
         (
             first.code.as_str(),
             first.delay_ms,
-            first.not_before.clone(),
+            first.not_before,
             first.reason.as_str()
         )
     );

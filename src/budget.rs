@@ -19,5 +19,5 @@ pub mod codes;
 pub mod delay;
 pub mod hint;
 
-pub use action::{Action, Budget, ErrorClass, next_action};
+pub use action::{Action, Budget, ErrorClass, explain, next_action};
 pub use delay::{Delay, DelayParams, retry_delay};

@@ -71,6 +71,9 @@ pub struct Decided {
     pub replayed: bool,
     /// True when the request's policy differs from the recorded one.
     pub policy_conflict: bool,
+    /// True when a replayed attempt was reported with another error class
+    /// than the one recorded: the recorded decision stands.
+    pub class_conflict: bool,
 }
 
 /// What `record_success` did.
@@ -123,10 +126,12 @@ impl<S: Store> Ledger<S> {
     ) -> Result<Decided, LedgerError> {
         let _guard = self.locks.lock(key).await;
         let previous = self.store.load(key).await?;
-        let conflict = |recorded: &Policy| report.policy.is_some_and(|p| p != *recorded);
+        let requested = report.policy.map(|p| p.or_defaults(self.defaults.policy));
+        let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
         match activity::plan(previous.clone(), key, report, &self.defaults, now_ms)? {
             Plan::Replay(replay) => Ok(Decided {
                 policy_conflict: conflict(&replay.policy),
+                class_conflict: replay.event.class.is_some_and(|c| c != report.class),
                 event: replay.event,
                 policy: replay.policy,
                 replayed: true,
@@ -145,6 +150,7 @@ impl<S: Store> Ledger<S> {
                 self.store.save(&record, previous.as_ref()).await?;
                 Ok(Decided {
                     policy_conflict: conflict(&record.policy),
+                    class_conflict: false,
                     event,
                     policy: record.policy,
                     replayed: false,

@@ -596,3 +596,54 @@ async fn concurrent_reports_of_one_activity_count_each_attempt_once() {
     let mut client = client;
     assert_eq!(get(&mut client, "race").await.events.len(), 1);
 }
+
+#[tokio::test]
+async fn unset_policy_fields_take_the_service_defaults() {
+    let server = TestServer::start_with(|c| c.default_policy.deadline_seconds = 120).await;
+    let mut client = server.client().await;
+    // Only max_attempts: proto3 sends deadline_seconds 0, which means "the
+    // default", not "already past the deadline".
+    let r = client
+        .next_action(with_policy(
+            at(report("partial", 1, Transient), *T0),
+            policy(3, 0),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.code, "schedule_retry");
+    assert_eq!(r.policy, Some(policy(3, 120)));
+    // The same partial policy again is no conflict.
+    let again = client
+        .next_action(with_policy(
+            at(report("partial", 2, Transient), *T0 + 5000),
+            policy(3, 0),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!again.policy_conflict);
+}
+
+#[tokio::test]
+async fn a_replay_with_another_class_keeps_the_recorded_decision_and_says_so() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    client
+        .next_action(at(report("flip", 1, Transient), *T0))
+        .await
+        .unwrap();
+    let r = client
+        .next_action(at(report("flip", 1, Permanent), *T0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.replayed && r.class_conflict);
+    assert_eq!(r.code, "schedule_retry");
+    let same = client
+        .next_action(at(report("flip", 1, Transient), *T0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(same.replayed && !same.class_conflict);
+}

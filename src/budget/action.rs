@@ -120,6 +120,33 @@ pub fn next_action(budget: &Budget, class: ErrorClass) -> Action {
     }
 }
 
+/// Why `action` follows from `budget`: a sentence for people, recorded with
+/// the decision and returned with it.
+pub fn explain(action: Action, budget: &Budget) -> String {
+    match action {
+        Action::FailPermanent => "a permanent failure is never retried".to_owned(),
+        Action::ManualReview => {
+            "nobody can tell whether a retry is safe: parked for manual review".to_owned()
+        }
+        Action::DeadlineExceeded => format!(
+            "{} s elapsed of a {} s deadline",
+            budget.elapsed, budget.deadline
+        ),
+        Action::AttemptsExhausted => format!(
+            "attempt {} failed and {} attempts are allowed",
+            budget.attempts, budget.max_attempts
+        ),
+        Action::ScheduleRetry => format!(
+            "attempt {} of {} failed transiently with {} s of the {} s deadline left",
+            budget.attempts,
+            budget.max_attempts,
+            budget.deadline.saturating_sub(budget.elapsed),
+            budget.deadline
+        ),
+        Action::Deferred => "retry capacity is exhausted for now".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::action::{Action, Budget, ErrorClass, next_action};
+use super::action::{Action, Budget, ErrorClass, explain, next_action};
 use super::codes;
 use super::delay::{DEFAULT_BASE, DEFAULT_CAP, DelayParams, retry_delay};
 
@@ -260,6 +260,26 @@ impl Policy {
         DelayParams {
             base: self.base.unwrap_or(DEFAULT_BASE),
             cap: self.cap.unwrap_or(DEFAULT_CAP),
+        }
+    }
+
+    /// The policy with its unset fields (0, as proto3 sends an absent
+    /// number) taken from `defaults`: a deadline or an attempt budget of 0
+    /// would stop every activity at its first failure, which no caller means.
+    pub fn or_defaults(self, defaults: Policy) -> Policy {
+        Policy {
+            max_attempts: if self.max_attempts == 0 {
+                defaults.max_attempts
+            } else {
+                self.max_attempts
+            },
+            deadline_seconds: if self.deadline_seconds == 0 {
+                defaults.deadline_seconds
+            } else {
+                self.deadline_seconds
+            },
+            base: self.base.or(defaults.base),
+            cap: self.cap.or(defaults.cap),
         }
     }
 
@@ -654,7 +674,9 @@ pub fn plan(
             tenant: key.tenant.clone(),
             activity_id: key.activity_id.clone(),
             workflow_id: report.workflow_id.to_owned(),
-            policy: report.policy.unwrap_or(defaults.policy),
+            policy: report
+                .policy
+                .map_or(defaults.policy, |p| p.or_defaults(defaults.policy)),
             started_at_ms: occurred_at_ms,
             attempts: 0,
             status: Status::Open,
@@ -697,21 +719,7 @@ pub fn plan(
         recorded_at_ms: now_ms,
     };
     let mut action = next_action(&budget, report.class);
-    event.reason = match action {
-        Action::FailPermanent => "a permanent failure is never retried".to_owned(),
-        Action::ManualReview => {
-            "nobody can tell whether a retry is safe: parked for manual review".to_owned()
-        }
-        Action::DeadlineExceeded => format!(
-            "{} s elapsed of a {} s deadline",
-            budget.elapsed, budget.deadline
-        ),
-        Action::AttemptsExhausted => format!(
-            "attempt {} failed and {} attempts are allowed",
-            budget.attempts, budget.max_attempts
-        ),
-        _ => String::new(),
-    };
+    event.reason = explain(action, &budget);
     if action == Action::ScheduleRetry {
         let delay = retry_delay(&key.activity_id, report.attempt, policy.delay_params())
             .map_err(|_| BudgetError::AttemptMustBePositive)?;
@@ -772,7 +780,7 @@ pub fn record_success(
     let occurred = occurred_at_ms.unwrap_or(now_ms);
     record.events.push(transition(
         EventKind::Success,
-        record.attempts,
+        record.attempts.saturating_add(1),
         occurred,
         occurred_at_ms.is_none(),
         record.started_at_ms,

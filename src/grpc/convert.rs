@@ -169,6 +169,7 @@ impl From<Decided> for pb::NextActionResponse {
             attempt: e.attempt,
             policy: Some(d.policy.into()),
             policy_conflict: d.policy_conflict,
+            class_conflict: d.class_conflict,
             token_taken: e.token_taken,
             defer_reason: e.defer_reason.unwrap_or_default(),
         }

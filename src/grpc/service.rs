@@ -193,6 +193,7 @@ fn pure_next_action(
     let mut response = pb::NextActionResponse {
         action: convert::action_to_pb(action) as i32,
         code: action.code().to_owned(),
+        reason: crate::budget::explain(action, &budget),
         attempt: budget.attempts,
         ..Default::default()
     };

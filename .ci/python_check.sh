@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the Python worker client's tests (clients/python) against the real
+# server binary.
+#
+#   .ci/python_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${1:-target/debug/retry-budget}
+case "$BIN" in
+  /*) ;;
+  *) BIN="$PWD/$BIN" ;;
+esac
+if [[ ! -x "$BIN" ]]; then
+  echo "python_check: binary not found or not executable: $BIN (run cargo build)" >&2
+  exit 2
+fi
+
+PY=${PYTHON:-python3}
+PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/clients/python/requirements.txt"
+
+export RETRY_BUDGET_BIN="$BIN"
+# -v: one line per test; -rfE: failures and errors repeated in the summary;
+# pytest's closing "N passed" line stays the last line of the output.
+exec "$PY" -m pytest "$ROOT/clients/python" -v -rfE --color=no

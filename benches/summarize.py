@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Summarise a results file of benches/run.sh: the ratios issue 6 targets.
+
+Usage: benches/summarize.py RESULTS.jsonl [--append]
+
+Reads the JSON lines (one a loadgen run, h2load run, server or machine
+record), groups them by label, pairs the i-th run of one label with the
+i-th run of another (the runs alternate A/B/A/B), and prints a table: for
+each target the ratio of the means, the range of the per-pair ratios, and
+whether the target is met. With --append, adds the summary as one more
+JSON line to the file.
+"""
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+MIB = 1024
+# Busy cores outside the server and the generator above which a group's
+# figures are flagged as taken on a busy machine.
+NOISY_CORES = 0.25
+
+
+def load(path):
+    runs = defaultdict(list)
+    servers = defaultdict(list)
+    machine = None
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            kind = rec.get("kind")
+            if kind == "machine":
+                machine = rec
+            elif kind == "server":
+                servers[rec["label"]].append(rec)
+            elif kind == "summary":
+                continue
+            else:
+                runs[rec.get("label", "")].append(rec)
+    return machine, runs, servers
+
+
+def throughput(rec):
+    return rec.get("throughput_rps")
+
+
+def p99(rec):
+    return rec.get("latency_us", {}).get("p99")
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def ratio(runs, a, b, metric):
+    """mean(metric of a) / mean(metric of b), and per-pair ratios."""
+    va = [metric(r) for r in runs.get(a, [])]
+    vb = [metric(r) for r in runs.get(b, [])]
+    ma, mb = mean(va), mean(vb)
+    whole = ma / mb if ma is not None and mb else None
+    pairs = [x / y for x, y in zip(va, vb) if x is not None and y]
+    return whole, pairs, ma, mb
+
+
+def fmt(x, digits=2):
+    if x is None:
+        return "n/a"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path = sys.argv[1]
+    machine, runs, servers = load(path)
+
+    rows = []  # (what, value, pair range, target, met)
+
+    def target(what, a, b, metric, op, bound, unit=""):
+        whole, pairs, ma, mb = ratio(runs, a, b, metric)
+        met = None
+        if whole is not None:
+            met = whole >= bound if op == ">=" else whole <= bound
+        spread = f"{fmt(min(pairs))}-{fmt(max(pairs))}" if pairs else "n/a"
+        rows.append(
+            {
+                "what": what,
+                "a": a,
+                "b": b,
+                "a_mean": ma,
+                "b_mean": mb,
+                "unit": unit,
+                "ratio": whole,
+                "pair_ratios": pairs,
+                "target": f"{op} {bound}",
+                "met": met,
+                "spread": spread,
+            }
+        )
+
+    target("RetryDelay / health throughput", "closed/retry-delay", "closed/health", throughput, ">=", 0.90, "req/s")
+    target("pure NextAction / health throughput", "closed/pure-next-action", "closed/health", throughput, ">=", 0.90, "req/s")
+    target("RetryDelay / health p99 at half saturation", "open/retry-delay", "open/health", p99, "<=", 1.25, "us")
+    target("pure NextAction / health p99 at half saturation", "open/pure-next-action", "open/health", p99, "<=", 1.25, "us")
+    target("durable / pure NextAction throughput", "durable/group-commit", "closed/pure-next-action", throughput, ">=", 0.5, "req/s")
+    target("durable group commit / max-batch 1", "durable/group-commit", "durable/max-batch-1", throughput, ">=", 20, "req/s")
+    target("durable, big store / 1k store", "durable/stored-big", "durable/stored-1k", throughput, ">=", 0.8, "req/s")
+    target("h2load: RetryDelay / health throughput", "h2load/retry-delay", "h2load/health", throughput, ">=", 0.90, "req/s")
+
+    hwm = [s.get("vm_hwm_kib") for s in servers.get("durable/stored-big", [])]
+    hwm = [h for h in hwm if h]
+    rss_mib = max(hwm) / MIB if hwm else None
+    rows.append(
+        {
+            "what": "peak RSS, big store (MiB)",
+            "ratio": rss_mib,
+            "target": "< 256",
+            "met": rss_mib < 256 if rss_mib is not None else None,
+            "spread": ", ".join(fmt(h / MIB, 0) for h in hwm) or "n/a",
+        }
+    )
+
+    per_fsync = {}
+    for label, recs in servers.items():
+        commits = sum(r.get("commits") or 0 for r in recs)
+        saves = sum(r.get("saves") or 0 for r in recs)
+        if commits:
+            per_fsync[label] = saves / commits
+
+    fsync = [r["latency_us"]["p50"] for r in runs.get("fsync", []) if "latency_us" in r]
+    stored = {r.get("label"): r.get("activities") for rs in runs.values() for r in rs if r.get("scenario") == "preload"}
+
+    print()
+    if machine:
+        print(f"date {machine.get('date')}  machine: {machine.get('nproc')} cores, {machine.get('cpu')}  "
+              f"commit {machine.get('commit')}  quick={machine.get('quick')}  pinned={machine.get('pinned')}  "
+              f"nice={machine.get('nice', 0)}")
+    print(f"results: {path}")
+    print()
+    print(f"{'figure':<50} {'A':>10} {'B':>10} {'A/B':>8} {'per rep':>13} {'target':>8}  met")
+    for r in rows:
+        met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        print(f"{r['what']:<50} {fmt(r.get('a_mean')):>10} {fmt(r.get('b_mean')):>10} "
+              f"{fmt(r['ratio']):>8} {r['spread']:>13} {r['target']:>8}  {met}")
+    print()
+    print("throughput (req/s), p99 (us) and CPU (cores) by group, mean of the reps:")
+    print(f"  {'group':<28} {'runs':>4} {'req/s':>10} {'p50':>7} {'p99':>7} {'p99.9':>7} {'server':>7} {'client':>7} {'other':>7} {'errors':>6}")
+    for label in sorted(runs):
+        recs = [r for r in runs[label] if "throughput_rps" in r]
+        if not recs:
+            continue
+        lat = lambda q: mean([r.get("latency_us", {}).get(q) for r in recs])
+        print(f"  {label:<28} {len(recs):>4} {fmt(mean([throughput(r) for r in recs])):>10} "
+              f"{fmt(lat('p50'), 0):>7} {fmt(lat('p99'), 0):>7} {fmt(lat('p999'), 0):>7} "
+              f"{fmt(mean([r.get('server_cpu_cores') for r in recs])):>7} "
+              f"{fmt(mean([r.get('client_cpu_cores') for r in recs])):>7} "
+              f"{fmt(mean([r.get('other_busy_cores') for r in recs])):>7} "
+              f"{sum(r.get('errors') or 0 for r in recs):>6}")
+    noisy = sorted(
+        label for label, recs in runs.items()
+        if (mean([r.get("other_busy_cores") for r in recs]) or 0) > NOISY_CORES
+    )
+    if noisy:
+        print(f"\nWARNING: other work used more than {NOISY_CORES} of a core during: {', '.join(noisy)};"
+              " their figures (and ratios using them) are not clean.")
+    print()
+    print("decisions per fsync (saves / commits, whole server lifetime incl. warm-up):")
+    for label, v in sorted(per_fsync.items()):
+        print(f"  {label:<28} {v:8.1f}")
+    if fsync:
+        print(f"fsync of 4 KiB on the data dir's disk, median: {', '.join(fmt(v / 1000) for v in fsync)} ms")
+    if stored:
+        print("preloaded: " + ", ".join(f"{k} = {v:,}" for k, v in sorted(stored.items())))
+
+    summary = {
+        "kind": "summary",
+        "targets": rows,
+        "decisions_per_fsync": per_fsync,
+        "fsync_p50_us": fsync,
+    }
+    if "--append" in sys.argv[2:]:
+        with open(path, "a") as f:
+            f.write(json.dumps(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::probe::{CpuClock, SystemClock};
+use crate::probe::{CpuClock, CpuUsed, SystemClock};
 use crate::scenario::VirtualClient;
 
 /// How long requests still in flight at the end may take before the run
@@ -101,16 +101,6 @@ impl Tally {
         }
     }
 
-    fn merge(&mut self, other: Tally) {
-        self.ok += other.ok;
-        // Both histograms auto-resize, so adding cannot fail on range.
-        let _ = self.latency_us.add(&other.latency_us);
-        let _ = self.lag_us.add(&other.lag_us);
-        for (key, n) in other.errors {
-            *self.errors.entry(key).or_default() += n;
-        }
-    }
-
     /// Adds the counts, rates and percentiles to a run's JSON object.
     pub fn write_into(&self, report: &mut Value) {
         let seconds = self.window.as_secs_f64();
@@ -137,14 +127,21 @@ impl Tally {
             });
         }
         if let Some(cpu) = self.cpu {
-            report["client_cpu_cores"] = json!(cpu.client);
-            report["server_cpu_cores"] = json!(cpu.server);
+            let server = cpu.server.map(|s| s.cores);
+            report["client_cpu_cores"] = json!(cpu.client.cores);
+            report["client_runqueue_wait_ms"] = json!(cpu.client.runqueue_wait_ms);
+            report["server_cpu_cores"] = json!(server);
+            report["server_runqueue_wait_ms"] = json!(cpu.server.map(|s| s.runqueue_wait_ms));
+            // The server's CPU time per request: its cost, whichever side
+            // was saturated.
+            report["server_cpu_us_per_request"] =
+                json!(server.map(|cores| cores * seconds * 1e6 / self.ok.max(1) as f64));
             report["system_busy_cores"] = json!(cpu.system);
             // What neither process used: other work on the machine, and
             // kernel time (softirq) not charged to either.
             let other = cpu
                 .system
-                .map(|s| s - cpu.client - cpu.server.unwrap_or(0.0));
+                .map(|s| s - cpu.client.cores - server.unwrap_or(0.0));
             report["other_busy_cores"] = json!(other);
         }
     }
@@ -153,8 +150,8 @@ impl Tally {
 /// CPU used during the window, in cores (1.0 = one core busy throughout).
 #[derive(Debug, Clone, Copy)]
 struct CpuUse {
-    client: f64,
-    server: Option<f64>,
+    client: CpuUsed,
+    server: Option<CpuUsed>,
     system: Option<f64>,
 }
 
@@ -169,8 +166,8 @@ fn measure_cpu(window: Window, server_pid: Option<u32>) -> tokio::task::JoinHand
         tokio::time::sleep_until(window.end).await;
         let seconds = (window.end - window.start).as_secs_f64();
         Some(CpuUse {
-            client: client.cores_since(seconds)?,
-            server: server.and_then(|s| s.cores_since(seconds)),
+            client: client.used_since(seconds)?,
+            server: server.and_then(|s| s.used_since(seconds)),
             system: system.cores_since(seconds),
         })
     })
@@ -181,10 +178,13 @@ fn measure_cpu(window: Window, server_pid: Option<u32>) -> tokio::task::JoinHand
 pub async fn closed(clients: Vec<VirtualClient>, timing: Timing) -> (Tally, Value) {
     let window = Window::after(timing);
     let cpu = measure_cpu(window, timing.server_pid);
+    // One tally for all clients: one histogram stays in cache where one a
+    // client would not; the lock is uncontended on a current-thread runtime.
+    let tally = Arc::new(Mutex::new(Tally::new(timing.duration)));
     let mut tasks = JoinSet::new();
     for mut client in clients {
+        let tally = Arc::clone(&tally);
         tasks.spawn(async move {
-            let mut tally = Tally::new(timing.duration);
             loop {
                 let sent = Instant::now();
                 if sent >= window.end {
@@ -192,6 +192,7 @@ pub async fn closed(clients: Vec<VirtualClient>, timing: Timing) -> (Tally, Valu
                 }
                 let outcome = tokio::time::timeout_at(window.end + GRACE, client.call()).await;
                 let done = Instant::now();
+                let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
                 let Ok(outcome) = outcome else {
                     tally.record(done - sent, Err("timeout".into()));
                     break;
@@ -200,15 +201,13 @@ pub async fn closed(clients: Vec<VirtualClient>, timing: Timing) -> (Tally, Valu
                     tally.record(done - sent, outcome);
                 }
             }
-            tally
         });
     }
-    let mut tally = Tally::new(timing.duration);
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok(part) = joined {
-            tally.merge(part);
-        }
-    }
+    while tasks.join_next().await.is_some() {}
+    let mut tally = std::mem::replace(
+        &mut *tally.lock().unwrap_or_else(PoisonError::into_inner),
+        Tally::new(timing.duration),
+    );
     tally.cpu = cpu.await.ok().flatten();
     (tally, json!({}))
 }

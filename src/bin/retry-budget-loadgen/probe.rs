@@ -55,12 +55,30 @@ pub fn fsync_latency(dir: &Path, count: u32) -> std::io::Result<Value> {
     }))
 }
 
-/// A process's CPU time at one instant: the sum over its threads of the
-/// nanoseconds on CPU (`/proc/PID/task/*/schedstat`, first field), which
-/// needs no clock-tick conversion.
+/// A process's scheduler account at one instant, summed over its threads
+/// from `/proc/PID/task/*/schedstat`: nanoseconds on CPU, and nanoseconds
+/// spent runnable but waiting for a CPU (run-queue wait). No clock-tick
+/// conversion is needed.
 pub struct CpuClock {
     pid: String,
-    at: Option<u64>,
+    at: Option<Sched>,
+}
+
+/// The two schedstat counters, in nanoseconds.
+#[derive(Debug, Clone, Copy)]
+struct Sched {
+    on_cpu: u64,
+    waiting: u64,
+}
+
+/// What a process used over a window.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuUsed {
+    /// CPU cores used on average (1.0 = one core throughout).
+    pub cores: f64,
+    /// Milliseconds its threads were runnable but not running, summed
+    /// over threads: time another task held the CPU it needed.
+    pub runqueue_wait_ms: f64,
 }
 
 impl CpuClock {
@@ -75,35 +93,39 @@ impl CpuClock {
     }
 
     fn read(pid: String) -> Self {
-        let at = cpu_ns(&pid);
+        let at = sched(&pid);
         Self { pid, at }
     }
 
-    /// CPU cores used on average since this reading, over `seconds` (the
+    /// What the process used since this reading, over `seconds` (the
     /// window), or `None` when `/proc` could not be read.
-    pub fn cores_since(&self, seconds: f64) -> Option<f64> {
+    pub fn used_since(&self, seconds: f64) -> Option<CpuUsed> {
         let before = self.at?;
-        let after = cpu_ns(&self.pid)?;
-        Some(after.saturating_sub(before) as f64 / 1e9 / seconds)
+        let after = sched(&self.pid)?;
+        Some(CpuUsed {
+            cores: after.on_cpu.saturating_sub(before.on_cpu) as f64 / 1e9 / seconds,
+            runqueue_wait_ms: after.waiting.saturating_sub(before.waiting) as f64 / 1e6,
+        })
     }
 }
 
-/// Nanoseconds on CPU of every live thread of `pid`. Threads that exit
-/// in between are missed; the server's and the generator's threads live
-/// for the whole run.
-fn cpu_ns(pid: &str) -> Option<u64> {
+/// The schedstat counters of every live thread of `pid`. Threads that exit
+/// in between are missed; the server's and the generator's threads live for
+/// the whole run.
+fn sched(pid: &str) -> Option<Sched> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut total = 0u64;
+    let mut total = Sched {
+        on_cpu: 0,
+        waiting: 0,
+    };
     for task in tasks.flatten() {
         let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
             continue;
         };
-        if let Some(ns) = text
-            .split_whitespace()
-            .next()
-            .and_then(|f| f.parse::<u64>().ok())
-        {
-            total += ns;
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(on_cpu)), Some(Some(waiting))) = (fields.next(), fields.next()) {
+            total.on_cpu += on_cpu;
+            total.waiting += waiting;
         }
     }
     Some(total)

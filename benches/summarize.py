@@ -63,14 +63,27 @@ def mean(values):
     return statistics.fmean(values) if values else None
 
 
+def clean(rec):
+    """Whether a run's window was free of other work on the machine."""
+    return (rec.get("other_busy_cores") or 0.0) <= NOISY_CORES
+
+
 def ratio(runs, a, b, metric):
-    """mean(metric of a) / mean(metric of b), and per-pair ratios."""
-    va = [metric(r) for r in runs.get(a, [])]
-    vb = [metric(r) for r in runs.get(b, [])]
+    """mean(metric of a) / mean(metric of b), the per-pair ratios (the i-th
+    run of a with the i-th run of b), and the ratio of the means over the
+    pairs whose two runs were both clean."""
+    ra, rb = runs.get(a, []), runs.get(b, [])
+    va = [metric(r) for r in ra]
+    vb = [metric(r) for r in rb]
     ma, mb = mean(va), mean(vb)
     whole = ma / mb if ma is not None and mb else None
     pairs = [x / y for x, y in zip(va, vb) if x is not None and y]
-    return whole, pairs, ma, mb
+    clean_pairs = [(x, y) for x, y, p, q in zip(va, vb, ra, rb)
+                   if x is not None and y and clean(p) and clean(q)]
+    clean_ratio = None
+    if clean_pairs:
+        clean_ratio = mean([x for x, _ in clean_pairs]) / mean([y for _, y in clean_pairs])
+    return whole, pairs, ma, mb, clean_ratio
 
 
 def fmt(x, digits=2):
@@ -91,10 +104,13 @@ def main():
     rows = []  # (what, value, pair range, target, met)
 
     def target(what, a, b, metric, op, bound, unit=""):
-        whole, pairs, ma, mb = ratio(runs, a, b, metric)
+        whole, pairs, ma, mb, clean_ratio = ratio(runs, a, b, metric)
+        # Judged on the clean pairs when there are any: a run during which
+        # other work took the server's CPU measures the machine, not us.
+        judged = clean_ratio if clean_ratio is not None else whole
         met = None
-        if whole is not None:
-            met = whole >= bound if op == ">=" else whole <= bound
+        if judged is not None:
+            met = judged >= bound if op == ">=" else judged <= bound
         spread = f"{fmt(min(pairs))}-{fmt(max(pairs))}" if pairs else "n/a"
         rows.append(
             {
@@ -105,6 +121,7 @@ def main():
                 "b_mean": mb,
                 "unit": unit,
                 "ratio": whole,
+                "clean_ratio": clean_ratio,
                 "pair_ratios": pairs,
                 "target": f"{op} {bound}",
                 "met": met,
@@ -157,11 +174,13 @@ def main():
               f"nice={machine.get('nice', 0)}")
     print(f"results: {path}")
     print()
-    print(f"{'figure':<52} {'A':>10} {'B':>10} {'A/B':>8} {'per rep':>13} {'target':>8}  met")
+    print("A/B is the ratio of the means over all reps; 'clean' over the pairs of reps during which")
+    print(f"other work used at most {NOISY_CORES} of a core (the verdict uses it when there is one).")
+    print(f"{'figure':<52} {'A':>10} {'B':>10} {'A/B':>6} {'clean':>6} {'per rep':>11} {'target':>8}  met")
     for r in rows:
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
         print(f"{r['what']:<52} {fmt(r.get('a_mean')):>10} {fmt(r.get('b_mean')):>10} "
-              f"{fmt(r['ratio']):>8} {r['spread']:>13} {r['target']:>8}  {met}")
+              f"{fmt(r['ratio']):>6} {fmt(r.get('clean_ratio')):>6} {r['spread']:>11} {r['target']:>8}  {met}")
     print()
     print("by group, mean of the reps: throughput (req/s), latency (us), CPU (cores), server CPU a request (us),")
     print("server run-queue wait (ms in the window), and which side was saturated:")

@@ -372,15 +372,20 @@ pub struct Event {
     pub recorded_at_ms: i64,
 }
 
-/// A retry slot booked for an activity whose retry was deferred: when the
-/// same attempt is reported again at or after `not_before_ms`, it is granted
-/// without asking the bucket again.
+/// A pending deferral of an activity's retry. Asked again before
+/// `not_before_ms`, the same attempt gets the same deferral without touching
+/// the bucket (no busy loop). At or after it, a booked slot pays for the
+/// retry without asking the bucket again; an unbooked one asks the bucket
+/// anew.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
     /// The attempt that was deferred.
     pub attempt: u32,
-    /// When the booked slot comes, unix milliseconds (service clock).
+    /// When to ask again, unix milliseconds (service clock).
     pub not_before_ms: i64,
+    /// Whether a global token is booked for that time.
+    #[serde(default)]
+    pub booked: bool,
 }
 
 /// Identifies an activity: tenants never share one.
@@ -508,6 +513,8 @@ pub struct Draft {
     event: Event,
     /// True when a deferral's booked slot pays for this retry.
     reserved: bool,
+    /// True when a deferral decided now has a token booked.
+    booked: bool,
 }
 
 impl Draft {
@@ -527,11 +534,12 @@ impl Draft {
         self.event.token_taken = true;
     }
 
-    /// No token now: the retry is deferred to the booked slot at
-    /// `slot_ms` (service clock), which this activity keeps. The attempt is
-    /// not consumed. When the slot (or the planned backoff, if later) falls
-    /// past the deadline, the decision becomes `deadline_exceeded` instead.
-    pub fn defer(&mut self, slot_ms: i64, reason: &str) {
+    /// No token now: the retry is deferred to `slot_ms` (service clock),
+    /// where a token is `booked` for this activity, or not (then the bucket
+    /// is asked again at that time). The attempt is not consumed. When that
+    /// time (or the planned backoff, if later) falls past the deadline, the
+    /// decision becomes `deadline_exceeded` instead.
+    pub fn defer(&mut self, slot_ms: i64, reason: &str, booked: bool) {
         let planned = self.event.not_before_ms.unwrap_or(slot_ms);
         let not_before = planned.max(slot_ms);
         let deadline = self
@@ -553,14 +561,30 @@ impl Draft {
         }
         self.event.action = Some(Action::Deferred);
         self.event.code = codes::DEFERRED.to_owned();
-        self.event.token_taken = true;
+        self.event.token_taken = booked;
         self.event.defer_reason = Some(reason.to_owned());
+        let what = if booked {
+            "a slot is booked for this activity"
+        } else {
+            "no slot could be booked yet; the next turn comes"
+        };
         self.event.reason = format!(
-            "retry capacity is exhausted ({reason}); a slot is booked for this activity {} from now: report attempt {} again then",
+            "retry capacity is exhausted ({reason}); {what} {} from now: report attempt {} again then",
             seconds(not_before - self.event.recorded_at_ms),
             self.event.attempt
         );
         self.event.not_before_ms = Some(not_before);
+        self.booked = booked;
+    }
+
+    /// The latest time a booked slot may come and still let the retry start
+    /// before the deadline, as a wait from `now_ms` (0 when already late).
+    pub fn max_wait_ms(&self, now_ms: i64) -> i64 {
+        self.record
+            .started_at_ms
+            .saturating_add(self.record.policy.deadline_ms())
+            .saturating_sub(now_ms)
+            .max(0)
     }
 
     /// Appends the event and applies the decision to the record.
@@ -572,6 +596,7 @@ impl Draft {
                 self.record.reservation = Some(Reservation {
                     attempt: self.event.attempt,
                     not_before_ms: self.event.not_before_ms.unwrap_or(now_ms),
+                    booked: self.booked,
                 });
             }
             _ => {
@@ -663,7 +688,7 @@ pub fn plan(
                     policy: record.policy,
                 }));
             }
-            reserved = true;
+            reserved = reservation.booked;
         }
     }
 
@@ -759,6 +784,7 @@ pub fn plan(
         record,
         event,
         reserved,
+        booked: false,
     }))
 }
 

@@ -362,165 +362,54 @@ const MAYBE_EXECUTED: &[u8] = &[
     grpc::INTERNAL,
 ];
 
-/// The default policy, in order; the last rule matches everything.
+/// The default policy, in order; the last rule matches everything. One
+/// row a line, like the table in `docs/classification.md`.
+#[rustfmt::skip]
 const DEFAULT_RULES: [DefaultRule; 30] = {
     use ErrorClass::{Permanent, Transient, Unknown};
-    let when = Conditions::ANY;
-    let after_send = &[Reach::MayHaveReached];
+    const fn row(name: &'static str, class: ErrorClass, when: Conditions) -> DefaultRule {
+        DefaultRule { name, class, when }
+    }
+    const fn grpc(codes: &[u8]) -> Conditions {
+        Conditions::ANY.grpc(codes)
+    }
+    const fn http(lo: u16, hi: u16) -> Conditions {
+        Conditions::ANY.http(StatusSet::EMPTY.with(lo, hi))
+    }
+    let network = Conditions::ANY.any_network();
+    let sent = &[Reach::MayHaveReached];
+    let not_sent = &[Reach::NotSent];
     [
-        DefaultRule::new(
-            GRPC_INVALID_ARGUMENT_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::INVALID_ARGUMENT]),
-        ),
-        DefaultRule::new(
-            GRPC_NOT_FOUND_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::NOT_FOUND]),
-        ),
-        DefaultRule::new(
-            GRPC_ALREADY_EXISTS_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::ALREADY_EXISTS]),
-        ),
-        DefaultRule::new(
-            GRPC_PERMISSION_DENIED_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::PERMISSION_DENIED]),
-        ),
-        DefaultRule::new(
-            GRPC_UNAUTHENTICATED_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::UNAUTHENTICATED]),
-        ),
-        DefaultRule::new(
-            GRPC_FAILED_PRECONDITION_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::FAILED_PRECONDITION]),
-        ),
-        DefaultRule::new(
-            GRPC_OUT_OF_RANGE_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::OUT_OF_RANGE]),
-        ),
-        DefaultRule::new(
-            GRPC_UNIMPLEMENTED_PERMANENT,
-            Permanent,
-            when.grpc(&[grpc::UNIMPLEMENTED]),
-        ),
-        DefaultRule::new(
-            GRPC_DATA_LOSS_UNKNOWN,
-            Unknown,
-            when.grpc(&[grpc::DATA_LOSS]),
-        ),
-        DefaultRule::new(
-            GRPC_UNAVAILABLE_NON_IDEMPOTENT_UNKNOWN,
-            Unknown,
-            when.grpc(&[grpc::UNAVAILABLE])
-                .reach(after_send)
-                .safety(NOT_IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            GRPC_UNAVAILABLE_TRANSIENT,
-            Transient,
-            when.grpc(&[grpc::UNAVAILABLE]),
-        ),
-        DefaultRule::new(
-            GRPC_RESOURCE_EXHAUSTED_TRANSIENT,
-            Transient,
-            when.grpc(&[grpc::RESOURCE_EXHAUSTED]),
-        ),
-        DefaultRule::new(
-            GRPC_ABORTED_TRANSIENT,
-            Transient,
-            when.grpc(&[grpc::ABORTED]),
-        ),
-        DefaultRule::new(
-            GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT,
-            Transient,
-            when.grpc(MAYBE_EXECUTED).safety(IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            GRPC_MAYBE_EXECUTED_NOT_SENT_TRANSIENT,
-            Transient,
-            when.grpc(MAYBE_EXECUTED).reach(&[Reach::NotSent]),
-        ),
-        DefaultRule::new(
-            GRPC_MAYBE_EXECUTED_NON_IDEMPOTENT_UNKNOWN,
-            Unknown,
-            when.grpc(MAYBE_EXECUTED).safety(NOT_IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            HTTP_408_TRANSIENT,
-            Transient,
-            when.http(StatusSet::EMPTY.with(408, 408)),
-        ),
-        DefaultRule::new(
-            HTTP_425_TRANSIENT,
-            Transient,
-            when.http(StatusSet::EMPTY.with(425, 425)),
-        ),
-        DefaultRule::new(
-            HTTP_429_TRANSIENT,
-            Transient,
-            when.http(StatusSet::EMPTY.with(429, 429)),
-        ),
-        DefaultRule::new(
-            HTTP_4XX_PERMANENT,
-            Permanent,
-            when.http(StatusSet::EMPTY.with(400, 499)),
-        ),
-        DefaultRule::new(
-            HTTP_503_NON_IDEMPOTENT_UNKNOWN,
-            Unknown,
-            when.http(StatusSet::EMPTY.with(503, 503))
-                .reach(after_send)
-                .safety(NOT_IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            HTTP_503_TRANSIENT,
-            Transient,
-            when.http(StatusSet::EMPTY.with(503, 503)),
-        ),
-        DefaultRule::new(
-            HTTP_501_505_PERMANENT,
-            Permanent,
-            when.http(StatusSet::EMPTY.with(501, 501).with(505, 505)),
-        ),
-        DefaultRule::new(
-            HTTP_5XX_IDEMPOTENT_TRANSIENT,
-            Transient,
-            when.http(StatusSet::EMPTY.with(500, 599))
-                .safety(IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            HTTP_5XX_NOT_SENT_TRANSIENT,
-            Transient,
-            when.http(StatusSet::EMPTY.with(500, 599))
-                .reach(&[Reach::NotSent]),
-        ),
-        DefaultRule::new(
-            HTTP_5XX_NON_IDEMPOTENT_UNKNOWN,
-            Unknown,
-            when.http(StatusSet::EMPTY.with(500, 599))
-                .safety(NOT_IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            NETWORK_NOT_SENT_TRANSIENT,
-            Transient,
-            when.any_network().reach(&[Reach::NotSent]),
-        ),
-        DefaultRule::new(
-            NETWORK_IDEMPOTENT_TRANSIENT,
-            Transient,
-            when.any_network().safety(IDEMPOTENT),
-        ),
-        DefaultRule::new(
-            NETWORK_NON_IDEMPOTENT_UNKNOWN,
-            Unknown,
-            when.any_network().safety(NOT_IDEMPOTENT),
-        ),
-        DefaultRule::new(NO_SIGNAL_UNKNOWN, Unknown, when),
+        row(GRPC_INVALID_ARGUMENT_PERMANENT, Permanent, grpc(&[grpc::INVALID_ARGUMENT])),
+        row(GRPC_NOT_FOUND_PERMANENT, Permanent, grpc(&[grpc::NOT_FOUND])),
+        row(GRPC_ALREADY_EXISTS_PERMANENT, Permanent, grpc(&[grpc::ALREADY_EXISTS])),
+        row(GRPC_PERMISSION_DENIED_PERMANENT, Permanent, grpc(&[grpc::PERMISSION_DENIED])),
+        row(GRPC_UNAUTHENTICATED_PERMANENT, Permanent, grpc(&[grpc::UNAUTHENTICATED])),
+        row(GRPC_FAILED_PRECONDITION_PERMANENT, Permanent, grpc(&[grpc::FAILED_PRECONDITION])),
+        row(GRPC_OUT_OF_RANGE_PERMANENT, Permanent, grpc(&[grpc::OUT_OF_RANGE])),
+        row(GRPC_UNIMPLEMENTED_PERMANENT, Permanent, grpc(&[grpc::UNIMPLEMENTED])),
+        row(GRPC_DATA_LOSS_UNKNOWN, Unknown, grpc(&[grpc::DATA_LOSS])),
+        row(GRPC_UNAVAILABLE_NON_IDEMPOTENT_UNKNOWN, Unknown, grpc(&[grpc::UNAVAILABLE]).reach(sent).safety(NOT_IDEMPOTENT)),
+        row(GRPC_UNAVAILABLE_TRANSIENT, Transient, grpc(&[grpc::UNAVAILABLE])),
+        row(GRPC_RESOURCE_EXHAUSTED_TRANSIENT, Transient, grpc(&[grpc::RESOURCE_EXHAUSTED])),
+        row(GRPC_ABORTED_TRANSIENT, Transient, grpc(&[grpc::ABORTED])),
+        row(GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT, Transient, grpc(MAYBE_EXECUTED).safety(IDEMPOTENT)),
+        row(GRPC_MAYBE_EXECUTED_NOT_SENT_TRANSIENT, Transient, grpc(MAYBE_EXECUTED).reach(not_sent)),
+        row(GRPC_MAYBE_EXECUTED_NON_IDEMPOTENT_UNKNOWN, Unknown, grpc(MAYBE_EXECUTED).safety(NOT_IDEMPOTENT)),
+        row(HTTP_408_TRANSIENT, Transient, http(408, 408)),
+        row(HTTP_425_TRANSIENT, Transient, http(425, 425)),
+        row(HTTP_429_TRANSIENT, Transient, http(429, 429)),
+        row(HTTP_4XX_PERMANENT, Permanent, http(400, 499)),
+        row(HTTP_503_NON_IDEMPOTENT_UNKNOWN, Unknown, http(503, 503).reach(sent).safety(NOT_IDEMPOTENT)),
+        row(HTTP_503_TRANSIENT, Transient, http(503, 503)),
+        row(HTTP_501_505_PERMANENT, Permanent, Conditions::ANY.http(StatusSet::EMPTY.with(501, 501).with(505, 505))),
+        row(HTTP_5XX_IDEMPOTENT_TRANSIENT, Transient, http(500, 599).safety(IDEMPOTENT)),
+        row(HTTP_5XX_NOT_SENT_TRANSIENT, Transient, http(500, 599).reach(not_sent)),
+        row(HTTP_5XX_NON_IDEMPOTENT_UNKNOWN, Unknown, http(500, 599).safety(NOT_IDEMPOTENT)),
+        row(NETWORK_NOT_SENT_TRANSIENT, Transient, network.reach(not_sent)),
+        row(NETWORK_IDEMPOTENT_TRANSIENT, Transient, network.safety(IDEMPOTENT)),
+        row(NETWORK_NON_IDEMPOTENT_UNKNOWN, Unknown, network.safety(NOT_IDEMPOTENT)),
+        row(NO_SIGNAL_UNKNOWN, Unknown, Conditions::ANY),
     ]
 };
 
@@ -532,8 +421,13 @@ struct DefaultRule {
 }
 
 impl DefaultRule {
-    const fn new(name: &'static str, class: ErrorClass, when: Conditions) -> Self {
-        Self { name, class, when }
+    fn to_rule(&self) -> Rule {
+        Rule {
+            name: Cow::Borrowed(self.name),
+            class: self.class,
+            when: self.when,
+            tenants: Vec::new(),
+        }
     }
 }
 
@@ -724,17 +618,6 @@ impl Default for RuleSet {
     fn default() -> Self {
         Self {
             rules: DEFAULT_RULES.iter().map(DefaultRule::to_rule).collect(),
-        }
-    }
-}
-
-impl DefaultRule {
-    fn to_rule(&self) -> Rule {
-        Rule {
-            name: Cow::Borrowed(self.name),
-            class: self.class,
-            when: self.when,
-            tenants: Vec::new(),
         }
     }
 }
@@ -1177,5 +1060,540 @@ impl<'de> Visitor<'de> for SelectorVisitor {
             items.push(item);
         }
         Ok(Selector(items))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ErrorClass::{Permanent, Transient, Unknown};
+    use NetworkFailure as N;
+    use Safety as S;
+    use proptest::prelude::*;
+
+    fn h(status: u16) -> Failure<'static> {
+        Failure {
+            http_status: Some(status),
+            ..Failure::default()
+        }
+    }
+
+    fn g(code: i32) -> Failure<'static> {
+        Failure {
+            grpc_code: Some(code),
+            ..Failure::default()
+        }
+    }
+
+    fn n(kind: NetworkFailure) -> Failure<'static> {
+        Failure {
+            network: Some(kind),
+            ..Failure::default()
+        }
+    }
+
+    /// Short builders, so the table below reads one row a line.
+    trait Build {
+        fn s(self, safety: Safety) -> Self;
+        fn r(self, reached: Reach) -> Self;
+        fn n(self, kind: NetworkFailure) -> Self;
+        fn g(self, code: i32) -> Self;
+    }
+
+    impl Build for Failure<'static> {
+        fn s(self, safety: Safety) -> Self {
+            Failure { safety, ..self }
+        }
+        fn r(self, reached: Reach) -> Self {
+            Failure { reached, ..self }
+        }
+        fn n(self, kind: NetworkFailure) -> Self {
+            Failure {
+                network: Some(kind),
+                ..self
+            }
+        }
+        fn g(self, code: i32) -> Self {
+            Failure {
+                grpc_code: Some(code),
+                ..self
+            }
+        }
+    }
+
+    const NONE: Failure<'static> = Failure {
+        http_status: None,
+        grpc_code: None,
+        network: None,
+        safety: Safety::Unspecified,
+        reached: Reach::Unknown,
+        tenant: "",
+    };
+
+    /// Every row of the default policy, with failures that reach it.
+    #[rustfmt::skip]
+    fn default_table() -> Vec<(Failure<'static>, ErrorClass, &'static str)> {
+        let mut rows = vec![
+            (g(3).s(S::ReadOnly), Permanent, GRPC_INVALID_ARGUMENT_PERMANENT),
+            (g(5), Permanent, GRPC_NOT_FOUND_PERMANENT),
+            (g(6).s(S::Idempotent), Permanent, GRPC_ALREADY_EXISTS_PERMANENT),
+            (g(7), Permanent, GRPC_PERMISSION_DENIED_PERMANENT),
+            (g(16), Permanent, GRPC_UNAUTHENTICATED_PERMANENT),
+            (g(9), Permanent, GRPC_FAILED_PRECONDITION_PERMANENT),
+            (g(11), Permanent, GRPC_OUT_OF_RANGE_PERMANENT),
+            (g(12).r(Reach::NotSent), Permanent, GRPC_UNIMPLEMENTED_PERMANENT),
+            (g(15).s(S::ReadOnly), Unknown, GRPC_DATA_LOSS_UNKNOWN),
+            (g(15).r(Reach::NotSent), Unknown, GRPC_DATA_LOSS_UNKNOWN),
+            (g(14).s(S::NonIdempotent).n(N::ConnectionReset), Unknown, GRPC_UNAVAILABLE_NON_IDEMPOTENT_UNKNOWN),
+            (g(14).r(Reach::MayHaveReached), Unknown, GRPC_UNAVAILABLE_NON_IDEMPOTENT_UNKNOWN),
+            (g(14).s(S::NonIdempotent), Transient, GRPC_UNAVAILABLE_TRANSIENT),
+            (g(14).s(S::Idempotent).n(N::Timeout), Transient, GRPC_UNAVAILABLE_TRANSIENT),
+            (g(14).s(S::NonIdempotent).n(N::ConnectionRefused), Transient, GRPC_UNAVAILABLE_TRANSIENT),
+            (g(8).s(S::NonIdempotent).n(N::Timeout), Transient, GRPC_RESOURCE_EXHAUSTED_TRANSIENT),
+            (g(10).s(S::NonIdempotent).n(N::Timeout), Transient, GRPC_ABORTED_TRANSIENT),
+            (h(408).s(S::NonIdempotent), Transient, HTTP_408_TRANSIENT),
+            (h(425).s(S::NonIdempotent), Transient, HTTP_425_TRANSIENT),
+            (h(429).s(S::NonIdempotent).n(N::ConnectionReset), Transient, HTTP_429_TRANSIENT),
+            (h(503).s(S::NonIdempotent).n(N::Timeout), Unknown, HTTP_503_NON_IDEMPOTENT_UNKNOWN),
+            (h(503).r(Reach::MayHaveReached), Unknown, HTTP_503_NON_IDEMPOTENT_UNKNOWN),
+            (h(503).s(S::NonIdempotent), Transient, HTTP_503_TRANSIENT),
+            (h(503).s(S::ReadOnly).n(N::ConnectionReset), Transient, HTTP_503_TRANSIENT),
+            (h(501).s(S::ReadOnly), Permanent, HTTP_501_505_PERMANENT),
+            (h(505).s(S::Idempotent), Permanent, HTTP_501_505_PERMANENT),
+            (n(N::Other), Unknown, NETWORK_NON_IDEMPOTENT_UNKNOWN),
+            (n(N::Other).r(Reach::NotSent), Transient, NETWORK_NOT_SENT_TRANSIENT),
+            // The worker's answer beats what the kind implies.
+            (n(N::ConnectionRefused).s(S::NonIdempotent).r(Reach::MayHaveReached), Unknown, NETWORK_NON_IDEMPOTENT_UNKNOWN),
+            (n(N::Timeout).s(S::NonIdempotent).r(Reach::NotSent), Transient, NETWORK_NOT_SENT_TRANSIENT),
+            (NONE, Unknown, NO_SIGNAL_UNKNOWN),
+            (NONE.s(S::ReadOnly), Unknown, NO_SIGNAL_UNKNOWN),
+            (NONE.r(Reach::NotSent), Unknown, NO_SIGNAL_UNKNOWN),
+            // Not failures, or not HTTP: the next signal decides.
+            (h(200).s(S::ReadOnly), Unknown, NO_SIGNAL_UNKNOWN),
+            (h(302), Unknown, NO_SIGNAL_UNKNOWN),
+            (h(99), Unknown, NO_SIGNAL_UNKNOWN),
+            (h(600), Unknown, NO_SIGNAL_UNKNOWN),
+            (h(0), Unknown, NO_SIGNAL_UNKNOWN),
+            (g(0), Unknown, NO_SIGNAL_UNKNOWN),
+            (h(200).n(N::Timeout), Unknown, NETWORK_NON_IDEMPOTENT_UNKNOWN),
+            (h(503).g(0).s(S::ReadOnly), Transient, HTTP_503_TRANSIENT),
+            // gRPC beats HTTP (a gateway maps ABORTED and ALREADY_EXISTS
+            // both to 409), HTTP beats the network.
+            (h(400).g(13).s(S::Idempotent), Transient, GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT),
+            (h(409).g(6), Permanent, GRPC_ALREADY_EXISTS_PERMANENT),
+            (h(409).g(10), Transient, GRPC_ABORTED_TRANSIENT),
+            (h(404).s(S::Idempotent).n(N::Timeout), Permanent, HTTP_4XX_PERMANENT),
+            // Codes outside google.rpc.Code are UNKNOWN.
+            (g(99).s(S::ReadOnly), Transient, GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT),
+            (g(-1).s(S::NonIdempotent), Unknown, GRPC_MAYBE_EXECUTED_NON_IDEMPOTENT_UNKNOWN),
+        ];
+        for code in [1, 2, 4, 13] {
+            rows.extend([
+                (g(code).s(S::ReadOnly), Transient, GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT),
+                (g(code).s(S::Idempotent), Transient, GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT),
+                (g(code).s(S::NonIdempotent).r(Reach::NotSent), Transient, GRPC_MAYBE_EXECUTED_NOT_SENT_TRANSIENT),
+                (g(code).n(N::Dns), Transient, GRPC_MAYBE_EXECUTED_NOT_SENT_TRANSIENT),
+                (g(code).s(S::NonIdempotent), Unknown, GRPC_MAYBE_EXECUTED_NON_IDEMPOTENT_UNKNOWN),
+                (g(code), Unknown, GRPC_MAYBE_EXECUTED_NON_IDEMPOTENT_UNKNOWN),
+            ]);
+        }
+        for status in [400, 401, 403, 404, 405, 409, 410, 413, 422, 451, 499] {
+            rows.push((h(status).s(S::ReadOnly).r(Reach::NotSent), Permanent, HTTP_4XX_PERMANENT));
+        }
+        for status in [500, 502, 504, 507, 599] {
+            rows.extend([
+                (h(status).s(S::ReadOnly), Transient, HTTP_5XX_IDEMPOTENT_TRANSIENT),
+                (h(status).s(S::Idempotent).n(N::Timeout), Transient, HTTP_5XX_IDEMPOTENT_TRANSIENT),
+                (h(status).s(S::NonIdempotent).r(Reach::NotSent), Transient, HTTP_5XX_NOT_SENT_TRANSIENT),
+                (h(status).s(S::NonIdempotent), Unknown, HTTP_5XX_NON_IDEMPOTENT_UNKNOWN),
+                (h(status), Unknown, HTTP_5XX_NON_IDEMPOTENT_UNKNOWN),
+            ]);
+        }
+        for kind in [N::Dns, N::ConnectionRefused, N::ConnectTimeout, N::Tls] {
+            for safety in Safety::ALL {
+                rows.push((n(kind).s(safety), Transient, NETWORK_NOT_SENT_TRANSIENT));
+            }
+        }
+        for kind in [N::ConnectionReset, N::ConnectionClosed, N::Timeout, N::Other] {
+            rows.extend([
+                (n(kind).s(S::ReadOnly), Transient, NETWORK_IDEMPOTENT_TRANSIENT),
+                (n(kind).s(S::Idempotent), Transient, NETWORK_IDEMPOTENT_TRANSIENT),
+                (n(kind).s(S::NonIdempotent), Unknown, NETWORK_NON_IDEMPOTENT_UNKNOWN),
+                (n(kind), Unknown, NETWORK_NON_IDEMPOTENT_UNKNOWN),
+            ]);
+        }
+        rows
+    }
+
+    #[test]
+    fn every_row_of_the_default_policy_classifies_as_documented() {
+        let rules = RuleSet::default();
+        let mut hit = HashSet::new();
+        for (failure, class, rule) in default_table() {
+            let got = rules.classify(&failure);
+            assert_eq!((got.class, got.rule), (class, rule), "{failure:?}");
+            hit.insert(rule);
+        }
+        let names: Vec<_> = rules.rule_names().collect();
+        assert_eq!(names.len(), DEFAULT_RULES.len());
+        for name in names {
+            assert!(hit.contains(name), "no test row reaches {name}");
+        }
+    }
+
+    #[test]
+    fn every_grpc_failure_code_is_decided_by_a_grpc_rule() {
+        let rules = RuleSet::default();
+        for code in 1..=16 {
+            for safety in Safety::ALL {
+                for reached in Reach::ALL {
+                    let failure = Failure {
+                        grpc_code: Some(code),
+                        http_status: Some(500),
+                        safety,
+                        reached,
+                        ..Failure::default()
+                    };
+                    let rule = rules.classify(&failure).rule;
+                    assert!(
+                        rule.starts_with("grpc_"),
+                        "{code} {safety:?} {reached:?}: {rule}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn default_rule_names_are_unique_snake_case_and_end_with_their_class() {
+        let mut seen = HashSet::new();
+        for rule in &DEFAULT_RULES {
+            assert!(seen.insert(rule.name), "{} twice", rule.name);
+            assert!(rule.name.ends_with(rule.class.as_str()), "{}", rule.name);
+            assert!(
+                rule.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            );
+        }
+    }
+
+    /// The overrides example of `docs/classification.md`, so it cannot rot.
+    fn documented_example() -> &'static str {
+        let doc = include_str!("../../docs/classification.md");
+        let start = doc.find("```toml\n").expect("the doc has a toml example") + 8;
+        let len = doc[start..].find("```").expect("the example is closed");
+        &doc[start..start + len]
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Config {
+        classification: Section,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Section {
+        rules: Vec<RuleSpec>,
+    }
+
+    fn configured() -> RuleSet {
+        let config: Config = toml::from_str(documented_example()).expect("the example parses");
+        RuleSet::new(config.classification.rules).expect("the example is valid")
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn the_documented_overrides_come_first_are_scoped_and_need_every_condition() {
+        let rules = configured();
+        let names: Vec<_> = rules.rule_names().take(6).collect();
+        assert_eq!(names, [
+            "acme_partner_409_transient", "reports_quota_permanent", "search_5xx_transient",
+            "tls_permanent", "payments_after_send_manual_review", GRPC_INVALID_ARGUMENT_PERMANENT,
+        ]);
+        let cases = [
+            (Failure { tenant: "acme", ..h(409) }, Transient, "acme_partner_409_transient"),
+            (Failure { tenant: "other", ..h(409) }, Permanent, HTTP_4XX_PERMANENT),
+            (Failure { tenant: "reports-eu", ..g(8) }, Permanent, "reports_quota_permanent"),
+            (Failure { tenant: "reports-eu", ..h(429) }, Transient, HTTP_429_TRANSIENT),
+            (Failure { tenant: "search", ..h(503) }, Transient, "search_5xx_transient"),
+            (Failure { tenant: "search", ..h(501) }, Permanent, HTTP_501_505_PERMANENT),
+            (Failure { tenant: "search", ..h(502).s(S::NonIdempotent) }, Unknown, HTTP_5XX_NON_IDEMPOTENT_UNKNOWN),
+            (n(N::Tls).s(S::ReadOnly), Permanent, "tls_permanent"),
+            (Failure { tenant: "payments", ..g(4).s(S::Idempotent).n(N::Timeout) }, Unknown, "payments_after_send_manual_review"),
+            (Failure { tenant: "payments", ..g(14).s(S::Idempotent).r(Reach::MayHaveReached) }, Unknown, "payments_after_send_manual_review"),
+            (Failure { tenant: "payments", ..g(14).s(S::Idempotent) }, Transient, GRPC_UNAVAILABLE_TRANSIENT),
+            (Failure { tenant: "payments", ..g(13).s(S::Idempotent).n(N::Timeout) }, Transient, GRPC_MAYBE_EXECUTED_IDEMPOTENT_TRANSIENT),
+        ];
+        for (failure, class, rule) in cases {
+            let got = rules.classify(&failure);
+            assert_eq!((got.class, got.rule), (class, rule), "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn rules_may_be_written_inline() {
+        let config: Config = toml::from_str(
+            "[classification]\nrules = [{ name = \"x\", http_status = \"4xx\", class = \"unknown\" }]",
+        )
+        .expect("inline form");
+        let rules = RuleSet::new(config.classification.rules).expect("valid");
+        assert_eq!(rules.classify(&h(404)).rule, "x");
+    }
+
+    fn spec(name: &str) -> RuleSpec {
+        RuleSpec {
+            name: name.to_owned(),
+            class: "transient".to_owned(),
+            http_status: None,
+            grpc_code: None,
+            network: None,
+            safety: None,
+            reached: None,
+            tenant: None,
+        }
+    }
+
+    fn text(values: &[&str]) -> Option<Selector> {
+        Some(Selector(
+            values
+                .iter()
+                .map(|v| SelectorItem::Text((*v).to_owned()))
+                .collect(),
+        ))
+    }
+
+    #[test]
+    fn status_forms_are_read_as_ranges() {
+        let cases: [(SelectorItem, Option<(u16, u16)>); 12] = [
+            (SelectorItem::Number(503), Some((503, 503))),
+            (SelectorItem::Text("503".into()), Some((503, 503))),
+            (SelectorItem::Text(" 500 - 599 ".into()), Some((500, 599))),
+            (SelectorItem::Text("4xx".into()), Some((400, 499))),
+            (SelectorItem::Text("5XX".into()), Some((500, 599))),
+            (SelectorItem::Text("6xx".into()), None),
+            (SelectorItem::Text("599-500".into()), None),
+            (SelectorItem::Text("500-600".into()), None),
+            (SelectorItem::Text("50-99".into()), None),
+            (SelectorItem::Text("5-".into()), None),
+            (SelectorItem::Number(70_000), None),
+            (SelectorItem::Number(-1), None),
+        ];
+        for (item, want) in cases {
+            assert_eq!(parse_statuses(&item), want, "{item}");
+        }
+    }
+
+    #[test]
+    fn invalid_overrides_are_refused_naming_the_rule() {
+        let cases: Vec<(Vec<RuleSpec>, &str)> = vec![
+            (vec![spec("")], "classification rule #1: the name is empty"),
+            (
+                vec![RuleSpec {
+                    http_status: text(&["500"]),
+                    ..spec("Bad-Name")
+                }],
+                "classification rule \"Bad-Name\": the name must be",
+            ),
+            (
+                vec![
+                    RuleSpec {
+                        http_status: text(&["500"]),
+                        ..spec("twice")
+                    },
+                    RuleSpec {
+                        http_status: text(&["502"]),
+                        ..spec("twice")
+                    },
+                ],
+                "classification rule \"twice\": the name is used by an earlier rule",
+            ),
+            (
+                vec![RuleSpec {
+                    http_status: text(&["429"]),
+                    ..spec(HTTP_429_TRANSIENT)
+                }],
+                "classification rule \"http_429_transient\": the name belongs to a default rule",
+            ),
+            (
+                vec![spec("catch_all")],
+                "classification rule \"catch_all\": no condition",
+            ),
+            (
+                vec![RuleSpec {
+                    http_status: Some(Selector::default()),
+                    ..spec("none")
+                }],
+                "classification rule \"none\": http_status is an empty list",
+            ),
+            (
+                vec![RuleSpec {
+                    http_status: text(&["600-699"]),
+                    ..spec("range")
+                }],
+                "classification rule \"range\": http_status \"600-699\" is not a status 100-599",
+            ),
+            (
+                vec![RuleSpec {
+                    grpc_code: text(&["UNAVAIL"]),
+                    ..spec("code")
+                }],
+                "classification rule \"code\": grpc_code \"UNAVAIL\" is not a google.rpc.Code",
+            ),
+            (
+                vec![RuleSpec {
+                    grpc_code: Some(Selector(vec![SelectorItem::Number(17)])),
+                    ..spec("code")
+                }],
+                "classification rule \"code\": grpc_code 17 is not",
+            ),
+            (
+                vec![RuleSpec {
+                    network: text(&["refused"]),
+                    ..spec("kind")
+                }],
+                "classification rule \"kind\": network \"refused\" is not dns,",
+            ),
+            (
+                vec![RuleSpec {
+                    safety: text(&["safe"]),
+                    ..spec("safety")
+                }],
+                "classification rule \"safety\": safety \"safe\" is not",
+            ),
+            (
+                vec![RuleSpec {
+                    reached: text(&["sent"]),
+                    ..spec("reach")
+                }],
+                "classification rule \"reach\": reached \"sent\" is not",
+            ),
+            (
+                vec![RuleSpec {
+                    tenant: text(&[""]),
+                    ..spec("tenant")
+                }],
+                "classification rule \"tenant\": tenant \"\" is not a non-empty tenant name",
+            ),
+            (
+                vec![RuleSpec {
+                    http_status: text(&["500"]),
+                    class: "retry".into(),
+                    ..spec("class")
+                }],
+                "classification rule \"class\": class \"retry\" is not transient, permanent or unknown",
+            ),
+        ];
+        for (specs, message) in cases {
+            let err = RuleSet::new(specs).expect_err(message);
+            assert!(err.to_string().starts_with(message), "{err}");
+        }
+    }
+
+    #[test]
+    fn names_of_codes_and_kinds_are_case_insensitive() {
+        let rules = RuleSet::new(vec![RuleSpec {
+            grpc_code: text(&["unavailable", "14", "Internal"]),
+            network: text(&["Connection_Reset"]),
+            ..spec("mixed_case")
+        }])
+        .expect("valid");
+        let failure = g(13).n(N::ConnectionReset);
+        assert_eq!(rules.classify(&failure).rule, "mixed_case");
+    }
+
+    #[test]
+    fn selectors_read_one_value_or_a_list() {
+        let read = |toml: &str| toml::from_str::<RuleSpec>(toml);
+        let one = read("name = \"a\"\nclass = \"unknown\"\nhttp_status = 502").expect("number");
+        assert_eq!(
+            one.http_status,
+            Some(Selector(vec![SelectorItem::Number(502)]))
+        );
+        let many =
+            read("name = \"a\"\nclass = \"unknown\"\ngrpc_code = [\"ABORTED\", 4]").expect("list");
+        assert_eq!(
+            many.grpc_code,
+            Some(Selector(vec![
+                SelectorItem::Text("ABORTED".into()),
+                SelectorItem::Number(4)
+            ]))
+        );
+        assert!(read("name = \"a\"\nclass = \"unknown\"\nhttp_status = true").is_err());
+        let typo =
+            read("name = \"a\"\nclass = \"unknown\"\nhttp = 502").expect_err("unknown field");
+        assert!(typo.to_string().contains("unknown field `http`"), "{typo}");
+    }
+
+    fn any_failure() -> impl Strategy<
+        Value = (
+            Option<u16>,
+            Option<i32>,
+            Option<NetworkFailure>,
+            Safety,
+            Reach,
+            String,
+        ),
+    > {
+        (
+            any::<Option<u16>>(),
+            any::<Option<i32>>(),
+            proptest::option::of(proptest::sample::select(NetworkFailure::ALL.to_vec())),
+            proptest::sample::select(Safety::ALL.to_vec()),
+            proptest::sample::select(Reach::ALL.to_vec()),
+            prop_oneof![
+                Just("acme".to_owned()),
+                Just("payments".to_owned()),
+                any::<String>()
+            ],
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn every_failure_gets_a_class_and_a_known_rule(
+            (http_status, grpc_code, network, safety, reached, tenant) in any_failure()
+        ) {
+            let failure = Failure { http_status, grpc_code, network, safety, reached, tenant: &tenant };
+            for rules in [RuleSet::default(), configured()] {
+                let got = rules.classify(&failure);
+                prop_assert!(rules.rule_names().any(|name| name == got.rule));
+                prop_assert_eq!(got, rules.classify(&failure));
+            }
+        }
+
+        #[test]
+        fn a_network_failure_alone_is_never_permanent_and_not_sent_is_transient(
+            (_, _, network, safety, reached, tenant) in any_failure()
+        ) {
+            let failure = Failure { network, safety, reached, tenant: &tenant, ..Failure::default() };
+            let rules = RuleSet::default();
+            let got = rules.classify(&failure);
+            prop_assert_ne!(got.class, Permanent);
+            if network.is_some() && failure.effective_reach() == Reach::NotSent {
+                prop_assert_eq!(got.class, Transient);
+            }
+        }
+
+        #[test]
+        fn unsafe_work_that_may_have_run_is_never_retried_blindly(
+            (http_status, grpc_code, network, _, _, tenant) in any_failure(),
+            safety in proptest::sample::select(NOT_IDEMPOTENT.to_vec()),
+        ) {
+            // Statuses that promise the request was not processed are the
+            // only transient answers for unsafe work that may have run.
+            let failure = Failure {
+                http_status, grpc_code, network, safety,
+                reached: Reach::MayHaveReached, tenant: &tenant,
+            };
+            let rules = RuleSet::default();
+            let got = rules.classify(&failure);
+            if got.class == Transient {
+                prop_assert!(
+                    [GRPC_RESOURCE_EXHAUSTED_TRANSIENT, GRPC_ABORTED_TRANSIENT, HTTP_408_TRANSIENT,
+                     HTTP_425_TRANSIENT, HTTP_429_TRANSIENT].contains(&got.rule),
+                    "{}", got.rule
+                );
+            }
+        }
     }
 }

@@ -12,12 +12,16 @@ use crate::budget::activity::{
 use crate::budget::{Action, ErrorClass};
 use crate::ledger::Decided;
 
-/// The tenant named by the `x-tenant-id` metadata; absent means `default`.
+/// The tenant named by the `x-tenant-id` metadata; absent or empty means
+/// `default` (as the token layer reads it).
 pub(super) fn tenant(metadata: &MetadataMap) -> Result<String, BudgetError> {
     let Some(value) = metadata.get(TENANT_HEADER) else {
         return Ok(DEFAULT_TENANT.to_owned());
     };
     let tenant = value.to_str().map_err(|_| BudgetError::InvalidTenant)?;
+    if tenant.is_empty() {
+        return Ok(DEFAULT_TENANT.to_owned());
+    }
     validate_tenant(tenant)?;
     Ok(tenant.to_owned())
 }
@@ -170,6 +174,7 @@ impl From<Decided> for pb::NextActionResponse {
             policy: Some(d.policy.into()),
             policy_conflict: d.policy_conflict,
             class_conflict: d.class_conflict,
+            dry_run: false,
             token_taken: e.token_taken,
             defer_reason: e.defer_reason.unwrap_or_default(),
         }

@@ -3,18 +3,20 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, millis};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
+use crate::bucket::{Admission, FairBucket, PermitSlot, SlotSpentError};
 use crate::budget::activity::{
     ActivityKey, BudgetError, Report, validate_activity_id, validate_workflow_id,
 };
 use crate::budget::{Budget, DelayParams, next_action, retry_delay};
 use crate::clock::now_ms;
-use crate::ledger::{Ledger, SuccessOutcome, Unlimited};
+use crate::ledger::{Ledger, SuccessOutcome, TokenGate, TokenOutcome};
 use crate::store::Store;
 
 /// Set when the server starts draining: new calls are refused with
@@ -40,13 +42,56 @@ impl Draining {
 pub struct RetryBudgetService<S> {
     ledger: Arc<Ledger<S>>,
     draining: Draining,
+    /// The global retry-token bucket: successes deposit into it. Retries
+    /// take its tokens through the [`PermitSlot`] its tower layer puts in
+    /// each `NextAction` request.
+    bucket: Option<FairBucket>,
 }
 
 impl<S> RetryBudgetService<S> {
     /// The service over a ledger; it refuses new calls once `draining`
-    /// starts.
-    pub fn new(ledger: Arc<Ledger<S>>, draining: Draining) -> Self {
-        Self { ledger, draining }
+    /// starts. Successes deposit into `bucket`, if any.
+    pub fn new(ledger: Arc<Ledger<S>>, draining: Draining, bucket: Option<FairBucket>) -> Self {
+        Self {
+            ledger,
+            draining,
+            bucket,
+        }
+    }
+}
+
+/// The token layer's permit as the ledger's [`TokenGate`]. Without a permit
+/// (no layer installed) every retry is granted.
+struct SlotGate(Option<PermitSlot>);
+
+impl TokenGate for SlotGate {
+    fn take(self, now_ms: i64, max_wait_ms: i64) -> TokenOutcome {
+        let Some(slot) = self.0 else {
+            return TokenOutcome::Granted;
+        };
+        let max_wait = Duration::from_millis(max_wait_ms.max(0).unsigned_abs());
+        let later = |wait: Duration| {
+            now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX))
+        };
+        match slot.commit_within(max_wait) {
+            Ok(Admission::Granted) => TokenOutcome::Granted,
+            Ok(Admission::Deferred { wait, reason }) => TokenOutcome::Deferred {
+                not_before_ms: later(wait),
+                reason,
+                booked: true,
+            },
+            Ok(Admission::Refused {
+                retry_after,
+                reason,
+            }) => TokenOutcome::Deferred {
+                not_before_ms: later(retry_after),
+                reason,
+                booked: false,
+            },
+            // The ledger takes a token once a decision; a spent slot means
+            // a second decision in one request, which cannot happen.
+            Err(SlotSpentError) => TokenOutcome::Granted,
+        }
     }
 }
 
@@ -89,10 +134,12 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
     ) -> Result<Response<pb::NextActionResponse>, Status> {
         self.draining.check()?;
         let tenant = convert::tenant(request.metadata())?;
+        let slot = request.extensions().get::<PermitSlot>().cloned();
         let req = request.into_inner();
         let class = convert::error_class(req.error_class)?;
         if let Some(budget) = req.budget {
-            return pure_next_action(&budget, class, &req.activity_id, req.policy)
+            let gate = (!req.dry_run).then_some(SlotGate(slot));
+            return pure_next_action(&budget, class, &req.activity_id, req.policy, gate)
                 .map(Response::new);
         }
         validate_activity_id(&req.activity_id)?;
@@ -115,9 +162,11 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         };
         let decided = self
             .ledger
-            .report(&key, &report, Unlimited, now_ms())
+            .report(&key, &report, SlotGate(slot), now_ms(), req.dry_run)
             .await?;
-        Ok(Response::new(decided.into()))
+        let mut response = pb::NextActionResponse::from(decided);
+        response.dry_run = req.dry_run;
+        Ok(Response::new(response))
     }
 
     async fn record_success(
@@ -136,6 +185,9 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             .ledger
             .record_success(&key, occurred_at_ms, now_ms())
             .await?;
+        if let Some(bucket) = &self.bucket {
+            bucket.deposit_success();
+        }
         let (status, changed) = match outcome {
             SuccessOutcome::Unknown => (pb::ActivityStatus::Unspecified, false),
             SuccessOutcome::AlreadyClosed => (pb::ActivityStatus::Closed, false),
@@ -176,12 +228,16 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
 }
 
 /// The pure form: the reference `next_action` on the budget as given, plus
-/// the delay of a retry when an activity id is named. Nothing is stored.
+/// the delay of a retry when an activity id is named. Nothing is stored. A
+/// retry takes a global token through `gate` (none for a dry run); the pure
+/// form keeps no record to hold a booked slot, so without a token now it is
+/// deferred to when the next one comes, and asks again then.
 fn pure_next_action(
     budget: &pb::Budget,
     class: crate::budget::ErrorClass,
     activity_id: &str,
     policy: Option<pb::Policy>,
+    gate: Option<SlotGate>,
 ) -> Result<pb::NextActionResponse, Status> {
     let budget = Budget {
         attempts: budget.attempts,
@@ -206,6 +262,29 @@ fn pure_next_action(
             .map_err(|_| BudgetError::AttemptMustBePositive)?;
         response.delay_seconds = delay.seconds;
         response.delay_ms = delay.millis;
+    }
+    if action == crate::budget::Action::ScheduleRetry
+        && let Some(gate) = gate
+    {
+        let now = now_ms();
+        match gate.take(now, 0) {
+            TokenOutcome::Granted => response.token_taken = true,
+            TokenOutcome::Deferred {
+                not_before_ms,
+                reason,
+                ..
+            } => {
+                let deferred = crate::budget::Action::Deferred;
+                response.action = convert::action_to_pb(deferred) as i32;
+                response.code = deferred.code().to_owned();
+                response.defer_reason = reason.to_owned();
+                response.not_before = Some(convert::timestamp(not_before_ms));
+                response.reason =
+                    format!("retry capacity is exhausted ({reason}); ask again at not_before");
+                response.delay_seconds = 0;
+                response.delay_ms = 0;
+            }
+        }
     }
     Ok(response)
 }

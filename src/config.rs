@@ -1,0 +1,93 @@
+//! The configuration file (`--config FILE`, TOML). Flags override what it
+//! says; what neither says takes the documented defaults.
+//!
+//! ```toml
+//! [bucket]
+//! rate = 200.0             # retry tokens a second, for the whole service
+//! burst = 400              # tokens when full
+//! success_deposit = 0.1    # tokens each RecordSuccess adds back
+//! [bucket.weights]         # fair-share weights (default 1)
+//! checkout = 3
+//! batch = 1
+//! ```
+//!
+//! Unknown keys are errors, so a typo never silently keeps a default.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::bucket::BucketConfig;
+
+/// The configuration file's contents.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// The global retry-token bucket.
+    pub bucket: BucketConfig,
+}
+
+/// The configuration file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// It cannot be read.
+    #[error("config_unreadable: {path}: {source}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not valid TOML of the expected shape.
+    #[error("config_invalid: {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line and column.
+        message: String,
+    },
+}
+
+impl FileConfig {
+    /// Reads and parses a configuration file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when it cannot be read or parsed.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Invalid {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses() {
+        let example: String = include_str!("config.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! "))
+            .skip_while(|l| !l.starts_with("[bucket]"))
+            .take_while(|l| !l.starts_with("```"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let config: FileConfig = toml::from_str(&example).unwrap();
+        assert_eq!(config.bucket.rate, 200.0);
+        assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
+        config.bucket.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = toml::from_str::<FileConfig>("[bucket]\nrat = 5.0\n").unwrap_err();
+        assert!(err.to_string().contains("rat"), "{err}");
+        assert!(toml::from_str::<FileConfig>("[buckt]\n").is_err());
+    }
+}

@@ -80,8 +80,7 @@ pub struct ServeArgs {
     /// How long calls in flight may take to finish after that.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
-    /// A TOML configuration file (see docs/configuration.md); flags override
-    /// it.
+    /// A TOML configuration file (see the README); flags override it.
     #[arg(long, env = ENV_CONFIG)]
     pub config: Option<PathBuf>,
     /// Retry tokens a second for the whole service [default: 100].

@@ -85,6 +85,16 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_example_parses_and_is_valid() {
+        let readme = include_str!("../README.md");
+        let start = readme.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let end = start + readme[start..].find("```").expect("closed");
+        let config: FileConfig = toml::from_str(&readme[start..end]).unwrap();
+        config.bucket.validate().unwrap();
+        assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let err = toml::from_str::<FileConfig>("[bucket]\nrat = 5.0\n").unwrap_err();
         assert!(err.to_string().contains("rat"), "{err}");

@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// Tokens each RecordSuccess adds back [default: 0].
     #[arg(long)]
     pub success_deposit: Option<f64>,
+    /// The longest delay a server's hint (Retry-After, pushback, RetryInfo)
+    /// may ask for [default: 1h].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_hint: Option<Duration>,
     /// A tenant's fair-share weight, as NAME=WEIGHT (repeatable; default 1).
     #[arg(long = "tenant-weight", value_parser = parse_weight)]
     pub tenant_weights: Vec<(String, u32)>,
@@ -110,6 +114,13 @@ impl ServeArgs {
         };
         let mut config = ServerConfig::new(&self.data_dir);
         config.bucket = file.bucket;
+        config.classification_rules = file.classification.rules;
+        if let Some(seconds) = file.hints.max_hint_seconds {
+            config.max_hint = Duration::from_secs(seconds);
+        }
+        if let Some(max_hint) = self.max_hint {
+            config.max_hint = max_hint;
+        }
         if let Some(rate) = self.retry_rate {
             config.bucket.rate = rate;
         }

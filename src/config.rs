@@ -9,6 +9,15 @@
 //! [bucket.weights]         # fair-share weights (default 1)
 //! checkout = 3
 //! batch = 1
+//!
+//! [hints]
+//! max_hint_seconds = 600   # a server's Retry-After is capped at this
+//!
+//! [[classification.rules]] # tried before the defaults; first match wins
+//! name = "payments_409_transient"
+//! http_status = 409
+//! tenant = "payments"
+//! class = "transient"
 //! ```
 //!
 //! Unknown keys are errors, so a typo never silently keeps a default.
@@ -18,6 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::bucket::BucketConfig;
+use crate::budget::classify::RuleSpec;
 
 /// The configuration file's contents.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -25,6 +35,27 @@ use crate::bucket::BucketConfig;
 pub struct FileConfig {
     /// The global retry-token bucket.
     pub bucket: BucketConfig,
+    /// Classification overrides.
+    pub classification: ClassificationConfig,
+    /// Server hints.
+    pub hints: HintsConfig,
+}
+
+/// `[classification]`: rules tried in order before the default policy
+/// (docs/classification.md); first match wins.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClassificationConfig {
+    /// The operator's rules.
+    pub rules: Vec<RuleSpec>,
+}
+
+/// `[hints]`: how server hints are planned with.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HintsConfig {
+    /// The longest delay a hint may ask for, in seconds (default 3600).
+    pub max_hint_seconds: Option<u64>,
 }
 
 /// The configuration file cannot be used.
@@ -82,6 +113,8 @@ mod tests {
         assert_eq!(config.bucket.rate, 200.0);
         assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
         config.bucket.validate().unwrap();
+        assert_eq!(config.hints.max_hint_seconds, Some(600));
+        crate::budget::classify::RuleSet::new(config.classification.rules).unwrap();
     }
 
     #[test]

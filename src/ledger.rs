@@ -108,6 +108,11 @@ impl<S: Store> Ledger<S> {
         }
     }
 
+    /// The settings that shape decisions.
+    pub fn defaults(&self) -> &Defaults {
+        &self.defaults
+    }
+
     /// The store underneath.
     pub fn store(&self) -> &S {
         &self.store

@@ -21,6 +21,7 @@ use tonic::transport::Server;
 
 use crate::bucket::{BucketConfig, BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::{Defaults, Policy};
+use crate::budget::classify::{RuleError, RuleSet, RuleSpec};
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
@@ -45,6 +46,10 @@ pub struct ServerConfig {
     pub grace_period: Duration,
     /// The global retry-token bucket and its tenant weights.
     pub bucket: BucketConfig,
+    /// The operator's classification rules, tried before the defaults.
+    pub classification_rules: Vec<RuleSpec>,
+    /// The longest delay a server's hint may ask for.
+    pub max_hint: Duration,
 }
 
 impl ServerConfig {
@@ -64,6 +69,8 @@ impl ServerConfig {
             drain_delay: Duration::from_secs(2),
             grace_period: Duration::from_secs(10),
             bucket: BucketConfig::default(),
+            classification_rules: Vec::new(),
+            max_hint: Duration::from_secs(3600),
         }
     }
 }
@@ -77,6 +84,9 @@ pub enum ServerError {
     /// The transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A classification rule is invalid.
+    #[error(transparent)]
+    Rules(#[from] RuleError),
     /// The bucket configuration is invalid.
     #[error(transparent)]
     Bucket(#[from] BucketConfigError),
@@ -115,7 +125,9 @@ pub async fn serve<S: Store>(
         .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string());
     let defaults = Defaults {
         policy: config.default_policy,
+        max_hint_ms: u64::try_from(config.max_hint.as_millis()).unwrap_or(u64::MAX),
     };
+    let rules = Arc::new(RuleSet::new(config.classification_rules.clone())?);
     let ledger = Arc::new(Ledger::new(store, defaults));
     let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
@@ -137,8 +149,12 @@ pub async fn serve<S: Store>(
         config.sweep_interval,
     ));
 
-    let service =
-        RetryBudgetService::new(Arc::clone(&ledger), draining.clone(), Some(bucket.clone()));
+    let service = RetryBudgetService::new(
+        Arc::clone(&ledger),
+        draining.clone(),
+        Some(bucket.clone()),
+        rules,
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let router = Server::builder()
         .layer(RetryTokenLayer::new(bucket))

@@ -28,10 +28,13 @@ fn record(k: &ActivityKey, class: ErrorClass, deadline_seconds: u64) -> Activity
             base: None,
             cap: None,
         },
+        max_hint_ms: 3_600_000,
     };
     let report = Report {
         attempt: 1,
         class,
+        rule: None,
+        hints: None,
         policy: None,
         occurred_at_ms: Some(NOW),
         workflow_id: "wf",

@@ -12,9 +12,12 @@ use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
 use crate::bucket::{Admission, FairBucket, PermitSlot, SlotSpentError};
 use crate::budget::activity::{
-    ActivityKey, BudgetError, Report, validate_activity_id, validate_workflow_id,
+    ActivityKey, BudgetError, Policy, Report, plan_delay, validate_activity_id,
+    validate_workflow_id,
 };
-use crate::budget::{Budget, DelayParams, next_action, retry_delay};
+use crate::budget::classify::RuleSet;
+use crate::budget::hint::{RawHints, normalize};
+use crate::budget::{Action, Budget, DelayParams, ErrorClass, explain, next_action, retry_delay};
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, SuccessOutcome, TokenGate, TokenOutcome};
 use crate::store::Store;
@@ -46,16 +49,25 @@ pub struct RetryBudgetService<S> {
     /// take its tokens through the [`PermitSlot`] its tower layer puts in
     /// each `NextAction` request.
     bucket: Option<FairBucket>,
+    /// The classification rules: the operator's overrides, then the
+    /// defaults.
+    rules: Arc<RuleSet>,
 }
 
 impl<S> RetryBudgetService<S> {
     /// The service over a ledger; it refuses new calls once `draining`
     /// starts. Successes deposit into `bucket`, if any.
-    pub fn new(ledger: Arc<Ledger<S>>, draining: Draining, bucket: Option<FairBucket>) -> Self {
+    pub fn new(
+        ledger: Arc<Ledger<S>>,
+        draining: Draining,
+        bucket: Option<FairBucket>,
+        rules: Arc<RuleSet>,
+    ) -> Self {
         Self {
             ledger,
             draining,
             bucket,
+            rules,
         }
     }
 }
@@ -136,29 +148,50 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         let tenant = convert::tenant(request.metadata())?;
         let slot = request.extensions().get::<PermitSlot>().cloned();
         let req = request.into_inner();
-        let class = convert::error_class(req.error_class)?;
-        if let Some(budget) = req.budget {
-            let gate = (!req.dry_run).then_some(SlotGate(slot));
-            return pure_next_action(&budget, class, &req.activity_id, req.policy, gate)
-                .map(Response::new);
-        }
-        validate_activity_id(&req.activity_id)?;
-        validate_workflow_id(&req.workflow_id)?;
+        // The worker's own class wins; else the rules classify the raw
+        // failure. Hints are planned with either way.
+        let (class, rule) = match (&req.error, req.error_class) {
+            (Some(detail), 0) => {
+                let c = self.rules.classify(&convert::failure(detail, &tenant));
+                (c.class, Some(c.rule))
+            }
+            (_, class) => (convert::error_class(class)?, None),
+        };
+        let hints = req.error.as_ref().and_then(convert::raw_hints);
         let occurred_at_ms = req
             .occurred_at
             .as_ref()
             .map(|ts| millis(ts, "occurred_at"))
             .transpose()?;
-        let key = ActivityKey {
-            tenant,
-            activity_id: req.activity_id,
-        };
+        if let Some(budget) = &req.budget {
+            let input = PureInput {
+                class,
+                rule,
+                hints,
+                occurred_at_ms,
+                activity_id: &req.activity_id,
+                policy: req.policy,
+                max_hint_ms: self.ledger.defaults().max_hint_ms,
+            };
+            let gate = (!req.dry_run).then_some(SlotGate(slot));
+            let mut response = pure_next_action(budget, &input, gate)?;
+            response.dry_run = req.dry_run;
+            return Ok(Response::new(response));
+        }
+        validate_activity_id(&req.activity_id)?;
+        validate_workflow_id(&req.workflow_id)?;
         let report = Report {
             attempt: req.attempt,
             class,
+            rule,
+            hints,
             policy: req.policy.map(Into::into),
             occurred_at_ms,
             workflow_id: &req.workflow_id,
+        };
+        let key = ActivityKey {
+            tenant,
+            activity_id: req.activity_id.clone(),
         };
         let decided = self
             .ledger
@@ -227,16 +260,26 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
     }
 }
 
+/// What the pure form evaluates besides the budget.
+struct PureInput<'a> {
+    class: ErrorClass,
+    rule: Option<&'a str>,
+    hints: Option<RawHints<'a>>,
+    occurred_at_ms: Option<i64>,
+    activity_id: &'a str,
+    policy: Option<pb::Policy>,
+    max_hint_ms: u64,
+}
+
 /// The pure form: the reference `next_action` on the budget as given, plus
-/// the delay of a retry when an activity id is named. Nothing is stored. A
-/// retry takes a global token through `gate` (none for a dry run); the pure
-/// form keeps no record to hold a booked slot, so without a token now it is
-/// deferred to when the next one comes, and asks again then.
+/// the delay of a retry when an activity id is named (the server's hint when
+/// it asks for longer). Nothing is stored. A retry takes a global token
+/// through `gate` (none for a dry run); the pure form keeps no record to
+/// hold a booked slot, so without a token now it is deferred to when the
+/// next one comes, and asks again then.
 fn pure_next_action(
     budget: &pb::Budget,
-    class: crate::budget::ErrorClass,
-    activity_id: &str,
-    policy: Option<pb::Policy>,
+    input: &PureInput<'_>,
     gate: Option<SlotGate>,
 ) -> Result<pb::NextActionResponse, Status> {
     let budget = Budget {
@@ -245,46 +288,53 @@ fn pure_next_action(
         elapsed: budget.elapsed,
         deadline: budget.deadline,
     };
-    let action = next_action(&budget, class);
+    let now = now_ms();
+    let hint = input
+        .hints
+        .map(|raw| normalize(&raw, input.occurred_at_ms.unwrap_or(now), input.max_hint_ms));
+    let mut action = next_action(&budget, input.class);
+    let mut reason = explain(action, &budget);
+    if action == Action::ScheduleRetry && hint.is_some_and(|h| h.do_not_retry) {
+        action = Action::FailPermanent;
+        reason = "the server asked not to retry (grpc_pushback_do_not_retry)".to_owned();
+    }
     let mut response = pb::NextActionResponse {
-        action: convert::action_to_pb(action) as i32,
-        code: action.code().to_owned(),
-        reason: crate::budget::explain(action, &budget),
         attempt: budget.attempts,
+        error_class: convert::error_class_to_pb(input.class) as i32,
+        rule: input.rule.unwrap_or_default().to_owned(),
+        hint: hint.as_ref().map(pb::ServerHint::from),
         ..Default::default()
     };
-    if action == crate::budget::Action::ScheduleRetry && !activity_id.is_empty() {
-        validate_activity_id(activity_id)?;
-        let params = policy.map_or_else(DelayParams::default, |p| {
-            crate::budget::activity::Policy::from(p).delay_params()
-        });
-        let delay = retry_delay(activity_id, budget.attempts, params)
-            .map_err(|_| BudgetError::AttemptMustBePositive)?;
-        response.delay_seconds = delay.seconds;
-        response.delay_ms = delay.millis;
+    if action == Action::ScheduleRetry && !input.activity_id.is_empty() {
+        validate_activity_id(input.activity_id)?;
+        let params = input
+            .policy
+            .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params());
+        let planned = plan_delay(input.activity_id, budget.attempts, params, hint.as_ref())?;
+        response.delay_seconds = planned.seconds;
+        response.delay_ms = planned.millis;
     }
-    if action == crate::budget::Action::ScheduleRetry
+    if action == Action::ScheduleRetry
         && let Some(gate) = gate
     {
-        let now = now_ms();
         match gate.take(now, 0) {
             TokenOutcome::Granted => response.token_taken = true,
             TokenOutcome::Deferred {
                 not_before_ms,
-                reason,
+                reason: why,
                 ..
             } => {
-                let deferred = crate::budget::Action::Deferred;
-                response.action = convert::action_to_pb(deferred) as i32;
-                response.code = deferred.code().to_owned();
-                response.defer_reason = reason.to_owned();
+                action = Action::Deferred;
+                response.defer_reason = why.to_owned();
                 response.not_before = Some(convert::timestamp(not_before_ms));
-                response.reason =
-                    format!("retry capacity is exhausted ({reason}); ask again at not_before");
+                reason = format!("retry capacity is exhausted ({why}); ask again at not_before");
                 response.delay_seconds = 0;
                 response.delay_ms = 0;
             }
         }
     }
+    response.action = convert::action_to_pb(action) as i32;
+    response.code = action.code().to_owned();
+    response.reason = reason;
     Ok(response)
 }

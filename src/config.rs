@@ -125,6 +125,7 @@ mod tests {
         let config: FileConfig = toml::from_str(&readme[start..end]).unwrap();
         config.bucket.validate().unwrap();
         assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
+        crate::budget::classify::RuleSet::new(config.classification.rules).unwrap();
     }
 
     #[test]

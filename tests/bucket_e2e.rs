@@ -224,3 +224,52 @@ async fn a_slot_past_the_deadline_is_deadline_exceeded_and_a_dry_run_takes_nothi
     assert!(!pure.token_taken);
     assert!(pure.not_before.is_some());
 }
+
+#[tokio::test]
+async fn each_success_earns_its_deposit_once() {
+    // A slow refill (one token in 2 s, longer than this test): only
+    // successes put tokens back.
+    let server = TestServer::start_with(|c| {
+        c.bucket.rate = 0.5;
+        c.bucket.burst = 1;
+        c.bucket.success_deposit = 1.0;
+    })
+    .await;
+    let mut client = server.client().await;
+    let code = |r: pb::NextActionResponse| r.code;
+    let first = client.next_action(durable("s-1", 1, 3600)).await.unwrap();
+    assert_eq!(code(first.into_inner()), "schedule_retry");
+    let dry = client.next_action(pure(1)).await.unwrap();
+    assert_eq!(code(dry.into_inner()), "deferred", "the bucket is empty");
+
+    let success = || pb::RecordSuccessRequest {
+        activity_id: "s-1".into(),
+        occurred_at: None,
+    };
+    assert!(
+        client
+            .record_success(success())
+            .await
+            .unwrap()
+            .into_inner()
+            .changed
+    );
+    let earned = client.next_action(pure(1)).await.unwrap();
+    assert_eq!(
+        code(earned.into_inner()),
+        "schedule_retry",
+        "the deposit paid it"
+    );
+
+    // Recording the same success again deposits nothing.
+    assert!(
+        !client
+            .record_success(success())
+            .await
+            .unwrap()
+            .into_inner()
+            .changed
+    );
+    let again = client.next_action(pure(1)).await.unwrap();
+    assert_eq!(code(again.into_inner()), "deferred");
+}

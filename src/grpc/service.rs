@@ -218,7 +218,11 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             .ledger
             .record_success(&key, occurred_at_ms, now_ms())
             .await?;
-        if let Some(bucket) = &self.bucket {
+        // A success earns retry capacity once: a repeated RecordSuccess of a
+        // closed activity deposits nothing.
+        if outcome != SuccessOutcome::AlreadyClosed
+            && let Some(bucket) = &self.bucket
+        {
             bucket.deposit_success();
         }
         let (status, changed) = match outcome {

@@ -75,11 +75,20 @@ impl TestServer {
     }
 
     pub async fn channel(&self) -> Channel {
-        Endpoint::from_shared(self.url())
+        match Endpoint::from_shared(self.url())
             .expect("url")
             .connect()
             .await
-            .expect("connect to the test server")
+        {
+            Ok(channel) => channel,
+            Err(error) => {
+                // Say why the server is gone when it failed to start.
+                if let Some(handle) = self.handle.as_ref().filter(|h| h.is_finished()) {
+                    panic!("the test server stopped: {handle:?}");
+                }
+                panic!("connect to the test server: {error}")
+            }
+        }
     }
 
     pub async fn client(&self) -> RetryBudgetClient<Channel> {

@@ -107,7 +107,17 @@ pub async fn run(
     let mut options = RedbStoreOptions::new(&config.data_dir);
     options.max_batch = config.max_batch;
     let store = RedbStore::open(&options)?;
-    serve(listener, store, config, shutdown).await
+    // A clone shares the counters; it is dropped when `run` returns, after
+    // `serve` has released the ledger, so the file is freed as before.
+    let counted = store.clone();
+    let result = serve(listener, store, config, shutdown).await;
+    let stats = counted.commit_stats();
+    tracing::info!(
+        commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed),
+        saves = stats.saves.load(std::sync::atomic::Ordering::Relaxed),
+        "group commit totals"
+    );
+    result
 }
 
 /// [`run`] over any store.

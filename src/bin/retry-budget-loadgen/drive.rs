@@ -1,0 +1,307 @@
+//! The closed and open loops, the measurement window, and what they count.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::probe::{CpuClock, CpuUsed, SystemClock};
+use crate::scenario::VirtualClient;
+
+/// How long requests still in flight at the end may take before the run
+/// gives up on them (and counts them as `timeout`).
+const GRACE: Duration = Duration::from_secs(5);
+/// The open loop sleeps until this close to a request's due time, then
+/// yields in a loop: tokio's timer has millisecond resolution, and a
+/// millisecond of timer slack would be counted as latency.
+const SPIN: Duration = Duration::from_micros(1500);
+
+/// When to measure, and whose CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Sending before the window.
+    pub warmup: Duration,
+    /// The window.
+    pub duration: Duration,
+    /// The server, whose CPU time in the window is reported.
+    pub server_pid: Option<u32>,
+}
+
+/// The measurement window, in the generator's clock.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+impl Window {
+    fn after(timing: Timing) -> Self {
+        let start = Instant::now() + timing.warmup;
+        Self {
+            start,
+            end: start + timing.duration,
+        }
+    }
+}
+
+/// What a run counted.
+pub struct Tally {
+    /// Latencies of successful requests, in microseconds.
+    latency_us: Histogram<u64>,
+    /// Open loop: how late each request was sent after its due time, in
+    /// microseconds (the generator's own lag).
+    lag_us: Histogram<u64>,
+    /// Successful requests.
+    ok: u64,
+    /// Failed requests by gRPC code or `unexpected_*` key.
+    errors: BTreeMap<String, u64>,
+    /// The window length, for rates.
+    window: Duration,
+    /// CPU the server and the generator used in the window.
+    cpu: Option<CpuUse>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Three significant digits, resized as values come: cheap per task.
+    Histogram::new(3).expect("3 significant digits is a valid precision")
+}
+
+/// Records `d` in microseconds (at least 1). The histograms auto-resize
+/// (clamping would not: `saturating_record` pins values to the current
+/// range), so recording fails only past the u64 range.
+fn record(histogram: &mut Histogram<u64>, d: Duration) {
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+    let _ = histogram.record(us);
+}
+
+impl Tally {
+    fn new(window: Duration) -> Self {
+        Self {
+            latency_us: histogram(),
+            lag_us: histogram(),
+            ok: 0,
+            errors: BTreeMap::new(),
+            window,
+            cpu: None,
+        }
+    }
+
+    fn record(&mut self, latency: Duration, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => {
+                self.ok += 1;
+                record(&mut self.latency_us, latency);
+            }
+            Err(key) => *self.errors.entry(key).or_default() += 1,
+        }
+    }
+
+    /// Adds the counts, rates and percentiles to a run's JSON object.
+    pub fn write_into(&self, report: &mut Value) {
+        let seconds = self.window.as_secs_f64();
+        let h = &self.latency_us;
+        let errors: u64 = self.errors.values().sum();
+        report["requests"] = json!(self.ok);
+        report["errors"] = json!(errors);
+        report["error_codes"] = json!(self.errors);
+        report["throughput_rps"] = json!(self.ok as f64 / seconds);
+        report["latency_us"] = json!({
+            "min": h.min(),
+            "p50": h.value_at_quantile(0.50),
+            "p90": h.value_at_quantile(0.90),
+            "p99": h.value_at_quantile(0.99),
+            "p999": h.value_at_quantile(0.999),
+            "max": h.max(),
+            "mean": h.mean(),
+        });
+        if !self.lag_us.is_empty() {
+            report["send_lag_us"] = json!({
+                "p50": self.lag_us.value_at_quantile(0.50),
+                "p99": self.lag_us.value_at_quantile(0.99),
+                "max": self.lag_us.max(),
+            });
+        }
+        if let Some(cpu) = self.cpu {
+            let server = cpu.server.map(|s| s.cores);
+            report["client_cpu_cores"] = json!(cpu.client.cores);
+            report["client_runqueue_wait_ms"] = json!(cpu.client.runqueue_wait_ms);
+            report["server_cpu_cores"] = json!(server);
+            report["server_runqueue_wait_ms"] = json!(cpu.server.map(|s| s.runqueue_wait_ms));
+            // The server's CPU time per request: its cost, whichever side
+            // was saturated.
+            report["server_cpu_us_per_request"] =
+                json!(server.map(|cores| cores * seconds * 1e6 / self.ok.max(1) as f64));
+            report["system_busy_cores"] = json!(cpu.system);
+            // What neither process used: other work on the machine, and
+            // kernel time (softirq) not charged to either.
+            let other = cpu
+                .system
+                .map(|s| s - cpu.client.cores - server.unwrap_or(0.0));
+            report["other_busy_cores"] = json!(other);
+        }
+    }
+}
+
+/// CPU used during the window, in cores (1.0 = one core busy throughout).
+#[derive(Debug, Clone, Copy)]
+struct CpuUse {
+    client: CpuUsed,
+    server: Option<CpuUsed>,
+    system: Option<f64>,
+}
+
+/// Reads the processes' and the machine's CPU time at the window's start
+/// and end.
+fn measure_cpu(window: Window, server_pid: Option<u32>) -> tokio::task::JoinHandle<Option<CpuUse>> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(window.start).await;
+        let client = CpuClock::of_self();
+        let server = server_pid.map(CpuClock::of_pid);
+        let system = SystemClock::now();
+        tokio::time::sleep_until(window.end).await;
+        let seconds = (window.end - window.start).as_secs_f64();
+        Some(CpuUse {
+            client: client.used_since(seconds)?,
+            server: server.and_then(|s| s.used_since(seconds)),
+            system: system.cores_since(seconds),
+        })
+    })
+}
+
+/// Each virtual client sends its next request when the previous one
+/// returns, until the window ends.
+pub async fn closed(clients: Vec<VirtualClient>, timing: Timing) -> (Tally, Value) {
+    let window = Window::after(timing);
+    let cpu = measure_cpu(window, timing.server_pid);
+    // One tally for all clients: one histogram stays in cache where one a
+    // client would not; the lock is uncontended on a current-thread runtime.
+    let tally = Arc::new(Mutex::new(Tally::new(timing.duration)));
+    let mut tasks = JoinSet::new();
+    for mut client in clients {
+        let tally = Arc::clone(&tally);
+        tasks.spawn(async move {
+            loop {
+                let sent = Instant::now();
+                if sent >= window.end {
+                    break;
+                }
+                let outcome = tokio::time::timeout_at(window.end + GRACE, client.call()).await;
+                let done = Instant::now();
+                let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
+                let Ok(outcome) = outcome else {
+                    tally.record(done - sent, Err("timeout".into()));
+                    break;
+                };
+                if sent >= window.start && done <= window.end {
+                    tally.record(done - sent, outcome);
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut tally = std::mem::replace(
+        &mut *tally.lock().unwrap_or_else(PoisonError::into_inner),
+        Tally::new(timing.duration),
+    );
+    tally.cpu = cpu.await.ok().flatten();
+    (tally, json!({}))
+}
+
+/// Requests fall due `rate` a second, from the start of the warm-up to the
+/// end of the window; each is sent by an idle virtual client as soon as it
+/// is due, and its latency runs from when it was due.
+pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Tally, Value) {
+    let concurrency = clients.len();
+    let (idle_tx, mut idle_rx) = mpsc::channel(concurrency);
+    for client in clients {
+        // The channel holds exactly `concurrency` clients.
+        let _ = idle_tx.try_send(client);
+    }
+    let begin = Instant::now();
+    let window = Window {
+        start: begin + timing.warmup,
+        end: begin + timing.warmup + timing.duration,
+    };
+    let cpu = measure_cpu(window, timing.server_pid);
+    let tally = Arc::new(Mutex::new(Tally::new(timing.duration)));
+    let total = ((timing.warmup + timing.duration).as_secs_f64() * rate).floor() as u64;
+    let mut due_count = 0u64;
+    let mut late_to_end = 0u64;
+    for i in 0..total {
+        let due = begin + Duration::from_secs_f64(i as f64 / rate);
+        pace_until(due).await;
+        let Some(mut client) = idle_rx.recv().await else {
+            break;
+        };
+        let sent = Instant::now();
+        if due >= window.start {
+            due_count += 1;
+        }
+        if sent > window.end + GRACE {
+            // Every client has been busy for longer than the grace period:
+            // stop rather than queue without end.
+            late_to_end = total - i;
+            let _ = idle_tx.try_send(client);
+            break;
+        }
+        let tally = Arc::clone(&tally);
+        let idle_tx = idle_tx.clone();
+        tokio::spawn(async move {
+            let outcome = client.call().await;
+            let done = Instant::now();
+            if due >= window.start {
+                let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
+                record(&mut tally.lag_us, sent - due);
+                tally.record(done - due, outcome);
+            }
+            let _ = idle_tx.send(client).await;
+        });
+    }
+    // Wait for the requests in flight: every client back in the idle queue.
+    drop(idle_tx);
+    let mut back = 0;
+    let deadline = Instant::now() + GRACE;
+    while back < concurrency {
+        match tokio::time::timeout_at(deadline, idle_rx.recv()).await {
+            Ok(Some(_)) => back += 1,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    // Requests that outlived the grace period still hold the tally; take
+    // what it counted so far.
+    let mut tally = std::mem::replace(
+        &mut *tally.lock().unwrap_or_else(PoisonError::into_inner),
+        Tally::new(timing.duration),
+    );
+    let unfinished = (concurrency - back) as u64 + late_to_end;
+    if unfinished > 0 {
+        *tally.errors.entry("timeout".into()).or_default() += unfinished;
+    }
+    tally.cpu = cpu.await.ok().flatten();
+    let report = json!({
+        "rate_target_rps": rate,
+        "requests_due": due_count,
+    });
+    (tally, report)
+}
+
+/// Waits until `due`: tokio's timer for the bulk, then yielding (so other
+/// tasks run) for the last stretch, to send within microseconds of it.
+async fn pace_until(due: Instant) {
+    loop {
+        let now = Instant::now();
+        if now >= due {
+            return;
+        }
+        if due - now > SPIN {
+            tokio::time::sleep_until(due - SPIN).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! `retry-budget-loadgen`: the load generator of `BENCHMARKS.md`.
+//!
+//! A tonic client that drives a running `retry-budget` server with many
+//! concurrent streams over a few HTTP/2 connections and prints one JSON
+//! object a run on stdout, so `benches/run.sh` can collect runs as JSON
+//! lines.
+//!
+//! # Modes
+//! - `--mode closed`: each of `--concurrency` virtual clients sends its next
+//!   request as soon as the previous one returns. What it measures is
+//!   throughput: how many requests the server completes a second when it is
+//!   never idle.
+//! - `--mode open --rate R`: requests fall due at fixed intervals, `R` a
+//!   second in all, whatever the server does. Each latency runs from the
+//!   time the request was *due*, not from when it was sent, so a stall
+//!   counts against every request that waited behind it (no coordinated
+//!   omission). `send_lag_us` says how late the generator itself was.
+//!
+//! Only requests that start after `--warmup` and finish within
+//! `--duration` after it are counted.
+//!
+//! # Scenarios
+//! - `health`: `grpc.health.v1.Health/Check`, the no-op baseline through the
+//!   same stack.
+//! - `retry-delay`: `RetryDelay("flight-1", 4)`.
+//! - `pure-next-action`: `NextAction` with a budget (nothing stored) and an
+//!   activity id, so a retry delay is planned.
+//! - `durable-next-action`: `NextAction` in its durable form: each virtual
+//!   client walks its own activities through attempts `1..=--attempts`,
+//!   reporting each failure at the previous answer's `not_before`, under a
+//!   policy generous enough that every answer is a scheduled retry.
+//! - `preload`: reports first failures for `--activities` distinct
+//!   activities as fast as it can: over gRPC, or, with `--data-dir`, straight
+//!   into the store of a stopped server (much faster).
+//! - `fsync`: writes and fsyncs 4 KiB `--fsyncs` times in `--data-dir` and
+//!   reports the latency, to set decisions against the disk they wait on.
+//!
+//! # Layout
+//! - `scenario`: what one request of each scenario is, and its check.
+//! - `drive`: the closed and open loops and what they count.
+//! - `preload`: activities stored before a run.
+//! - `probe`: fsync latency and CPU time from `/proc`.
+#![forbid(unsafe_code)]
+
+mod drive;
+mod preload;
+mod probe;
+mod scenario;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, ValueEnum};
+use serde_json::{Value, json};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::scenario::{Kind, VirtualClient};
+
+/// Drives a retry-budget server and prints one JSON object a run.
+#[derive(Debug, Parser)]
+#[command(name = "retry-budget-loadgen", version)]
+struct Args {
+    /// What to send.
+    #[arg(long, value_enum)]
+    scenario: Scenario,
+    /// The server.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    target: String,
+    /// HTTP/2 connections; virtual clients are spread over them.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Virtual clients: the most requests in flight at once.
+    #[arg(long, default_value_t = 128)]
+    concurrency: usize,
+    /// How long to measure, after the warm-up.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// How long to send before measuring.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Closed loop (throughput) or open loop at `--rate` (latency).
+    #[arg(long, value_enum, default_value_t = Mode::Closed)]
+    mode: Mode,
+    /// Requests a second in all, for the open loop.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Durable scenario: the attempts each activity is walked through.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    attempts: u32,
+    /// The tenant of durable reports (`x-tenant-id`).
+    #[arg(long, default_value = "bench")]
+    tenant: String,
+    /// Preload: how many distinct activities to store.
+    #[arg(long, default_value_t = 1000)]
+    activities: u64,
+    /// Preload: the data directory of a stopped server, to write its store
+    /// directly; fsync: the directory whose disk to measure.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// fsync: how many 4 KiB writes to fsync.
+    #[arg(long, default_value_t = 200)]
+    fsyncs: u32,
+    /// The server's process id, to report the CPU it used in the window.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// A free-form label copied into the output, to group runs.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Runtime threads of the generator; 1 is a current-thread runtime.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Prefix of durable activity ids, unique a run (default: the time), so
+    /// runs against the same store never replay each other's activities.
+    #[arg(long)]
+    run_id: Option<String>,
+}
+
+/// What to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Health,
+    RetryDelay,
+    PureNextAction,
+    DurableNextAction,
+    Preload,
+    Fsync,
+}
+
+/// How requests are paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Closed,
+    Open,
+}
+
+/// The load generator failed.
+#[derive(Debug, thiserror::Error)]
+enum LoadgenError {
+    /// The flags do not describe a run.
+    #[error("invalid arguments: {0}")]
+    Invalid(String),
+    /// A connection to the server failed.
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        target: String,
+        source: tonic::transport::Error,
+    },
+    /// Preloading the store failed.
+    #[error("preload: {0}")]
+    Preload(String),
+    /// A file operation failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("retry-budget-loadgen: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&args)) {
+        Ok(mut report) => {
+            report["label"] = json!(args.label);
+            report["unix_time"] = json!(unix_seconds());
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("retry-budget-loadgen: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<Value, LoadgenError> {
+    let kind = match args.scenario {
+        Scenario::Fsync => {
+            let dir = args
+                .data_dir
+                .as_deref()
+                .ok_or_else(|| LoadgenError::Invalid("--scenario fsync needs --data-dir".into()))?;
+            return Ok(probe::fsync_latency(dir, args.fsyncs)?);
+        }
+        Scenario::Preload => {
+            if let Some(dir) = &args.data_dir {
+                return preload::offline(dir, args.activities, &args.tenant).await;
+            }
+            let channels = connect(args).await?;
+            return Ok(preload::online(&channels, args).await);
+        }
+        Scenario::Health => Kind::Health,
+        Scenario::RetryDelay => Kind::RetryDelay,
+        Scenario::PureNextAction => Kind::PureNextAction,
+        Scenario::DurableNextAction => Kind::Durable {
+            attempts: args.attempts,
+        },
+    };
+    if args.concurrency == 0 || args.connections == 0 {
+        return Err(LoadgenError::Invalid(
+            "--concurrency and --connections must be at least 1".into(),
+        ));
+    }
+    let channels = connect(args).await?;
+    let run_id = args
+        .run_id
+        .clone()
+        .unwrap_or_else(|| format!("{:x}", unix_millis()));
+    let clients: Vec<VirtualClient> = (0..args.concurrency)
+        .map(|i| {
+            VirtualClient::new(
+                kind,
+                channels[i % channels.len()].clone(),
+                &args.tenant,
+                &format!("b{run_id}-{i}-"),
+            )
+        })
+        .collect();
+    let timing = drive::Timing {
+        warmup: args.warmup,
+        duration: args.duration,
+        server_pid: args.server_pid,
+    };
+    let (tally, mut report) = match args.mode {
+        Mode::Closed => drive::closed(clients, timing).await,
+        Mode::Open => {
+            let rate = args
+                .rate
+                .filter(|r| r.is_finite() && *r > 0.0)
+                .ok_or_else(|| LoadgenError::Invalid("--mode open needs --rate > 0".into()))?;
+            drive::open(clients, timing, rate).await
+        }
+    };
+    let scenario = args
+        .scenario
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned());
+    report["scenario"] = json!(scenario);
+    report["mode"] = json!(if args.mode == Mode::Open {
+        "open"
+    } else {
+        "closed"
+    });
+    report["target"] = json!(args.target);
+    report["connections"] = json!(args.connections);
+    report["concurrency"] = json!(args.concurrency);
+    report["warmup_s"] = json!(args.warmup.as_secs_f64());
+    report["duration_s"] = json!(args.duration.as_secs_f64());
+    if let Kind::Durable { attempts } = kind {
+        report["attempts_per_activity"] = json!(attempts);
+    }
+    tally.write_into(&mut report);
+    Ok(report)
+}
+
+/// Opens `--connections` HTTP/2 connections, eagerly, so connecting is not
+/// part of the measurement.
+async fn connect(args: &Args) -> Result<Vec<Channel>, LoadgenError> {
+    let endpoint = Endpoint::from_shared(args.target.clone())
+        .map_err(|e| LoadgenError::Invalid(format!("--target: {e}")))?
+        .tcp_nodelay(true);
+    let mut channels = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections.max(1) {
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| LoadgenError::Connect {
+                target: args.target.clone(),
+                source,
+            })?;
+        channels.push(channel);
+    }
+    Ok(channels)
+}
+
+fn unix_millis() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,172 @@
+//! Measurements beside the load: fsync latency of the data directory's
+//! disk, and CPU time from `/proc`.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+
+/// The size of each fsynced write: one page, as a small commit writes.
+const BLOCK: usize = 4096;
+
+/// Appends 4 KiB and fsyncs it, `count` times, in a scratch file in `dir`
+/// (removed after), and reports the latency of each write + fsync.
+///
+/// # Errors
+/// When the file cannot be created, written or synced.
+pub fn fsync_latency(dir: &Path, count: u32) -> std::io::Result<Value> {
+    let path = dir.join(format!(".fsync-probe-{}", std::process::id()));
+    let mut file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&path)?;
+    let block = [0xa5_u8; BLOCK];
+    let mut latency_us = Histogram::<u64>::new(3).expect("3 significant digits is valid");
+    let measured = (|| {
+        for _ in 0..count {
+            let start = Instant::now();
+            file.write_all(&block)?;
+            file.sync_all()?;
+            let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+            // Auto-resizing: recording fails only past u64 range.
+            let _ = latency_us.record(us.max(1));
+        }
+        Ok::<(), std::io::Error>(())
+    })();
+    let removed = std::fs::remove_file(&path);
+    measured?;
+    removed?;
+    Ok(json!({
+        "scenario": "fsync",
+        "dir": dir.display().to_string(),
+        "fsyncs": count,
+        "bytes": BLOCK,
+        "latency_us": {
+            "min": latency_us.min(),
+            "p50": latency_us.value_at_quantile(0.5),
+            "p90": latency_us.value_at_quantile(0.9),
+            "p99": latency_us.value_at_quantile(0.99),
+            "max": latency_us.max(),
+            "mean": latency_us.mean(),
+        },
+    }))
+}
+
+/// A process's scheduler account at one instant, summed over its threads
+/// from `/proc/PID/task/*/schedstat`: nanoseconds on CPU, and nanoseconds
+/// spent runnable but waiting for a CPU (run-queue wait). No clock-tick
+/// conversion is needed.
+pub struct CpuClock {
+    pid: String,
+    at: Option<Sched>,
+}
+
+/// The two schedstat counters, in nanoseconds.
+#[derive(Debug, Clone, Copy)]
+struct Sched {
+    on_cpu: u64,
+    waiting: u64,
+}
+
+/// What a process used over a window.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuUsed {
+    /// CPU cores used on average (1.0 = one core throughout).
+    pub cores: f64,
+    /// Milliseconds its threads were runnable but not running, summed
+    /// over threads: time another task held the CPU it needed.
+    pub runqueue_wait_ms: f64,
+}
+
+impl CpuClock {
+    /// This process.
+    pub fn of_self() -> Self {
+        Self::read("self".to_owned())
+    }
+
+    /// Another process, by id.
+    pub fn of_pid(pid: u32) -> Self {
+        Self::read(pid.to_string())
+    }
+
+    fn read(pid: String) -> Self {
+        let at = sched(&pid);
+        Self { pid, at }
+    }
+
+    /// What the process used since this reading, over `seconds` (the
+    /// window), or `None` when `/proc` could not be read.
+    pub fn used_since(&self, seconds: f64) -> Option<CpuUsed> {
+        let before = self.at?;
+        let after = sched(&self.pid)?;
+        Some(CpuUsed {
+            cores: after.on_cpu.saturating_sub(before.on_cpu) as f64 / 1e9 / seconds,
+            runqueue_wait_ms: after.waiting.saturating_sub(before.waiting) as f64 / 1e6,
+        })
+    }
+}
+
+/// The schedstat counters of every live thread of `pid`. Threads that exit
+/// in between are missed; the server's and the generator's threads live for
+/// the whole run.
+fn sched(pid: &str) -> Option<Sched> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = Sched {
+        on_cpu: 0,
+        waiting: 0,
+    };
+    for task in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(on_cpu)), Some(Some(waiting))) = (fields.next(), fields.next()) {
+            total.on_cpu += on_cpu;
+            total.waiting += waiting;
+        }
+    }
+    Some(total)
+}
+
+/// The whole machine's busy CPU time at one instant, from the `cpu` line of
+/// `/proc/stat` (in `USER_HZ` ticks, 100 a second on Linux): everything but
+/// idle and iowait. Set against the server's and the generator's own time,
+/// it shows how much of the machine something else used during a run.
+pub struct SystemClock {
+    at: Option<u64>,
+}
+
+/// `USER_HZ`: the unit of `/proc/stat`, fixed at 100 by the kernel ABI.
+const USER_HZ: f64 = 100.0;
+
+impl SystemClock {
+    /// Reads it now.
+    pub fn now() -> Self {
+        Self { at: busy_ticks() }
+    }
+
+    /// Busy cores on average since this reading, over `seconds`.
+    pub fn cores_since(&self, seconds: f64) -> Option<f64> {
+        let before = self.at?;
+        let after = busy_ticks()?;
+        Some(after.saturating_sub(before) as f64 / USER_HZ / seconds)
+    }
+}
+
+fn busy_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal [guest guest_nice],
+    // guest time being already counted in user.
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3)? + fields.get(4)?;
+    Some(total - idle)
+}

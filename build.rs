@@ -5,7 +5,10 @@
 use std::{env, fs, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/retrybudget/v1/retry_budget.proto"];
+    let protos = [
+        "proto/retrybudget/v1/retry_budget.proto",
+        "proto/retrybudget/v1/error_detail.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

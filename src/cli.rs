@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::budget::activity::{DEFAULT_TENANT, Policy};
 use crate::budget::{Budget, DelayParams, ErrorClass, next_action, retry_delay};
+use crate::config::{ConfigError, FileConfig};
 use crate::grpc::{TENANT_HEADER, pb};
 use crate::server::ServerConfig;
 
@@ -17,6 +18,8 @@ use crate::server::ServerConfig;
 pub const ENV_DATA_DIR: &str = "RETRY_BUDGET_DATA_DIR";
 /// Environment variable naming the listen address.
 pub const ENV_LISTEN: &str = "RETRY_BUDGET_LISTEN";
+/// Environment variable naming the configuration file.
+pub const ENV_CONFIG: &str = "RETRY_BUDGET_CONFIG";
 /// Environment variable naming the server the client commands talk to.
 pub const ENV_SERVER: &str = "RETRY_BUDGET_SERVER";
 
@@ -77,12 +80,59 @@ pub struct ServeArgs {
     /// How long calls in flight may take to finish after that.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
+    /// A TOML configuration file (see the README); flags override it.
+    #[arg(long, env = ENV_CONFIG)]
+    pub config: Option<PathBuf>,
+    /// Retry tokens a second for the whole service [default: 100].
+    #[arg(long)]
+    pub retry_rate: Option<f64>,
+    /// Retry tokens the bucket holds when full [default: 100].
+    #[arg(long)]
+    pub retry_burst: Option<u32>,
+    /// Tokens each RecordSuccess adds back [default: 0].
+    #[arg(long)]
+    pub success_deposit: Option<f64>,
+    /// The longest delay a server's hint (Retry-After, pushback, RetryInfo)
+    /// may ask for [default: 1h].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_hint: Option<Duration>,
+    /// A tenant's fair-share weight, as NAME=WEIGHT (repeatable; default 1).
+    #[arg(long = "tenant-weight", value_parser = parse_weight)]
+    pub tenant_weights: Vec<(String, u32)>,
 }
 
 impl ServeArgs {
-    /// The server configuration these options describe.
-    pub fn config(&self) -> ServerConfig {
+    /// The server configuration these options describe, over the
+    /// configuration file's when one is named.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file cannot be read or parsed.
+    pub fn config(&self) -> Result<ServerConfig, ConfigError> {
+        let file = match &self.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
         let mut config = ServerConfig::new(&self.data_dir);
+        config.bucket = file.bucket;
+        config.classification_rules = file.classification.rules;
+        if let Some(seconds) = file.hints.max_hint_seconds {
+            config.max_hint = Duration::from_secs(seconds);
+        }
+        if let Some(max_hint) = self.max_hint {
+            config.max_hint = max_hint;
+        }
+        if let Some(rate) = self.retry_rate {
+            config.bucket.rate = rate;
+        }
+        if let Some(burst) = self.retry_burst {
+            config.bucket.burst = burst;
+        }
+        if let Some(deposit) = self.success_deposit {
+            config.bucket.success_deposit = deposit;
+        }
+        for (tenant, weight) in &self.tenant_weights {
+            config.bucket.weights.insert(tenant.clone(), *weight);
+        }
         config.max_batch = self.max_batch as usize;
         config.default_policy = Policy {
             max_attempts: self.default_max_attempts,
@@ -94,7 +144,7 @@ impl ServeArgs {
         config.sweep_interval = self.sweep_interval;
         config.drain_delay = self.drain_delay;
         config.grace_period = self.grace_period;
-        config
+        Ok(config)
     }
 }
 
@@ -151,6 +201,16 @@ pub struct ExplainArgs {
     /// The server to ask.
     #[arg(long, env = ENV_SERVER, default_value = "http://127.0.0.1:50051")]
     pub server: String,
+}
+
+fn parse_weight(s: &str) -> Result<(String, u32), String> {
+    let (name, weight) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=WEIGHT"))?;
+    let weight = weight
+        .parse::<u32>()
+        .map_err(|e| format!("weight of {name:?}: {e}"))?;
+    Ok((name.to_owned(), weight))
 }
 
 fn parse_attempts(s: &str) -> Result<(u32, u32), String> {
@@ -356,5 +416,31 @@ mod tests {
         assert_eq!(cli.serve.listen.port(), 0);
         let cli = Cli::try_parse_from(["retry-budget", "delay", "flight-1"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Delay(_))));
+    }
+
+    #[test]
+    fn bucket_flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[bucket]\nrate = 7.0\nburst = 9\n[bucket.weights]\na = 2\n",
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from([
+            "retry-budget",
+            "--config",
+            path.to_str().unwrap(),
+            "--retry-burst",
+            "50",
+            "--tenant-weight",
+            "b=3",
+        ])
+        .unwrap();
+        let config = cli.serve.config().unwrap();
+        assert_eq!((config.bucket.rate, config.bucket.burst), (7.0, 50));
+        assert_eq!(config.bucket.weights.get("a"), Some(&2));
+        assert_eq!(config.bucket.weights.get("b"), Some(&3));
+        assert!(Cli::try_parse_from(["retry-budget", "--tenant-weight", "b"]).is_err());
     }
 }

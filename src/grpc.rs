@@ -30,4 +30,4 @@ pub mod pb {
 /// The full gRPC name of the service, as health checks name it.
 pub const SERVICE_NAME: &str = "retrybudget.v1.RetryBudget";
 /// The request metadata key that names the tenant.
-pub const TENANT_HEADER: &str = "x-tenant-id";
+pub use crate::bucket::TENANT_HEADER;

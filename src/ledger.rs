@@ -33,21 +33,24 @@ pub enum LedgerError {
 pub enum TokenOutcome {
     /// A token was taken: the retry may go ahead.
     Granted,
-    /// No token now; a slot is booked for this activity at `not_before_ms`
-    /// (service clock, unix milliseconds).
+    /// No token now: ask again at `not_before_ms` (service clock, unix
+    /// milliseconds), when a token is `booked` for this activity, or not.
     Deferred {
-        /// When the booked slot comes.
+        /// When to ask again.
         not_before_ms: i64,
         /// Why, a stable code.
         reason: &'static str,
+        /// Whether a token is booked for that time.
+        booked: bool,
     },
 }
 
 /// Hands out global retry tokens. Called at most once per decision, and only
 /// for a fresh retry; a gate that is dropped unused gives its token back.
 pub trait TokenGate {
-    /// Takes a token for a retry decided at `now_ms`, or books the next slot.
-    fn take(self, now_ms: i64) -> TokenOutcome;
+    /// Takes a token for a retry decided at `now_ms`, or books a slot at
+    /// most `max_wait_ms` later (the time left before the deadline).
+    fn take(self, now_ms: i64, max_wait_ms: i64) -> TokenOutcome;
 }
 
 /// A gate that always grants: for callers that enforce no global limit.
@@ -55,7 +58,7 @@ pub trait TokenGate {
 pub struct Unlimited;
 
 impl TokenGate for Unlimited {
-    fn take(self, _now_ms: i64) -> TokenOutcome {
+    fn take(self, _now_ms: i64, _max_wait_ms: i64) -> TokenOutcome {
         TokenOutcome::Granted
     }
 }
@@ -105,6 +108,11 @@ impl<S: Store> Ledger<S> {
         }
     }
 
+    /// The settings that shape decisions.
+    pub fn defaults(&self) -> &Defaults {
+        &self.defaults
+    }
+
     /// The store underneath.
     pub fn store(&self) -> &S {
         &self.store
@@ -112,7 +120,8 @@ impl<S: Store> Ledger<S> {
 
     /// Decides a failure report and makes the decision durable before
     /// returning it. A replay returns the recorded decision and writes
-    /// nothing; `gate` is used only for a fresh retry.
+    /// nothing; `gate` is used only for a fresh retry. A `dry_run` decides
+    /// the same way but takes no token and writes nothing.
     ///
     /// # Errors
     /// [`LedgerError::Budget`] when the report is refused,
@@ -123,6 +132,7 @@ impl<S: Store> Ledger<S> {
         report: &Report<'_>,
         gate: impl TokenGate,
         now_ms: i64,
+        dry_run: bool,
     ) -> Result<Decided, LedgerError> {
         let _guard = self.locks.lock(key).await;
         let previous = self.store.load(key).await?;
@@ -137,17 +147,20 @@ impl<S: Store> Ledger<S> {
                 replayed: true,
             }),
             Plan::Fresh(mut draft) => {
-                if draft.wants_token() {
-                    match gate.take(now_ms) {
+                if draft.wants_token() && !dry_run {
+                    match gate.take(now_ms, draft.max_wait_ms(now_ms)) {
                         TokenOutcome::Granted => draft.grant(),
                         TokenOutcome::Deferred {
                             not_before_ms,
                             reason,
-                        } => draft.defer(not_before_ms, reason),
+                            booked,
+                        } => draft.defer(not_before_ms, reason, booked),
                     }
                 }
                 let (record, event) = draft.finish();
-                self.store.save(&record, previous.as_ref()).await?;
+                if !dry_run {
+                    self.store.save(&record, previous.as_ref()).await?;
+                }
                 Ok(Decided {
                     policy_conflict: conflict(&record.policy),
                     class_conflict: false,

@@ -16,10 +16,11 @@
 //! - [`cli`]: the command line, for people without grpcurl.
 #![forbid(unsafe_code)]
 
-// pub mod bucket; (re-enabled when the token bucket lands)
+pub mod bucket;
 pub mod budget;
 pub mod cli;
 pub mod clock;
+pub mod config;
 pub mod grpc;
 pub mod ledger;
 pub mod server;

@@ -23,6 +23,13 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let config = match serve.config() {
+        Ok(config) => config,
+        Err(error) => {
+            tracing::error!(%error, "cannot start");
+            return ExitCode::from(2);
+        }
+    };
     let listener = match tokio::net::TcpListener::bind(serve.listen).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -30,7 +37,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match retry_budget::server::run(listener, serve.config(), shutdown_signal()).await {
+    match retry_budget::server::run(listener, config, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS

@@ -1,6 +1,6 @@
-//! The wiring: a store, the ledger, the `RetryBudget` service, health and
-//! reflection on one tonic server, a retention sweeper, and a graceful
-//! drain.
+//! The wiring: a store, the ledger, the `RetryBudget` service behind the
+//! retry-token layer, health and reflection on one tonic server, a retention
+//! sweeper, and a graceful drain.
 //!
 //! # Draining
 //! When `shutdown` resolves: health turns `NOT_SERVING` for every service
@@ -19,7 +19,9 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::bucket::{BucketConfig, BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::{Defaults, Policy};
+use crate::budget::classify::{RuleError, RuleSet, RuleSpec};
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
@@ -42,6 +44,12 @@ pub struct ServerConfig {
     pub drain_delay: Duration,
     /// How long calls in flight may take to finish after the listener closes.
     pub grace_period: Duration,
+    /// The global retry-token bucket and its tenant weights.
+    pub bucket: BucketConfig,
+    /// The operator's classification rules, tried before the defaults.
+    pub classification_rules: Vec<RuleSpec>,
+    /// The longest delay a server's hint may ask for.
+    pub max_hint: Duration,
 }
 
 impl ServerConfig {
@@ -60,6 +68,9 @@ impl ServerConfig {
             sweep_interval: Duration::from_secs(60),
             drain_delay: Duration::from_secs(2),
             grace_period: Duration::from_secs(10),
+            bucket: BucketConfig::default(),
+            classification_rules: Vec::new(),
+            max_hint: Duration::from_secs(3600),
         }
     }
 }
@@ -73,6 +84,12 @@ pub enum ServerError {
     /// The transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A classification rule is invalid.
+    #[error(transparent)]
+    Rules(#[from] RuleError),
+    /// The bucket configuration is invalid.
+    #[error(transparent)]
+    Bucket(#[from] BucketConfigError),
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -118,8 +135,11 @@ pub async fn serve<S: Store>(
         .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string());
     let defaults = Defaults {
         policy: config.default_policy,
+        max_hint_ms: u64::try_from(config.max_hint.as_millis()).unwrap_or(u64::MAX),
     };
+    let rules = Arc::new(RuleSet::new(config.classification_rules.clone())?);
     let ledger = Arc::new(Ledger::new(store, defaults));
+    let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -139,9 +159,15 @@ pub async fn serve<S: Store>(
         config.sweep_interval,
     ));
 
-    let service = RetryBudgetService::new(Arc::clone(&ledger), draining.clone());
+    let service = RetryBudgetService::new(
+        Arc::clone(&ledger),
+        draining.clone(),
+        Some(bucket.clone()),
+        rules,
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let router = Server::builder()
+        .layer(RetryTokenLayer::new(bucket))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -150,7 +176,14 @@ pub async fn serve<S: Store>(
         let _ = stopped.await;
     });
     tokio::pin!(serving);
-    tracing::info!(addr = %local, service = SERVICE_NAME, "serving");
+    tracing::info!(
+        addr = %local,
+        service = SERVICE_NAME,
+        retry_rate = config.bucket.rate,
+        retry_burst = config.bucket.burst,
+        max_batch = config.max_batch,
+        "serving"
+    );
 
     tokio::select! {
         result = &mut serving => {

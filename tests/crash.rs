@@ -20,14 +20,10 @@ use tonic::transport::Channel;
 /// read from its "serving" log line.
 async fn spawn_server(data_dir: &Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-delay",
-            "0s",
-            "--data-dir",
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
+        // A bucket too large to defer: this test is about durability.
+        .args(["--retry-rate", "1000000", "--retry-burst", "1000000"])
+        .arg("--data-dir")
         .arg(data_dir)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
@@ -93,7 +89,7 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
                     match client.next_action(durable_report(id, attempt)).await {
                         Ok(r) => {
                             let r = r.into_inner();
-                            assert_eq!(r.code, "schedule_retry");
+                            assert_eq!(r.code, "schedule_retry", "{} {}", r.defer_reason, r.reason);
                             assert!(!r.replayed);
                             acked.lock().unwrap().insert(id.clone(), attempt);
                         }

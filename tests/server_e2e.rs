@@ -13,58 +13,40 @@ use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-async fn list_v1(server: &TestServer) -> Vec<String> {
-    use tonic_reflection::pb::v1::{
-        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-    };
-    let mut client = ServerReflectionClient::new(server.channel().await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .expect("reflection v1")
-        .into_inner();
-    let response = responses.next().await.expect("one response").expect("ok");
-    match response.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            list.service.into_iter().map(|s| s.name).collect()
+/// The services one reflection version lists; the two versions have the
+/// same messages in different packages.
+macro_rules! list_services {
+    ($version:ident, $server:expr) => {{
+        use tonic_reflection::pb::$version::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let mut client = ServerReflectionClient::new($server.channel().await);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut responses = client
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .expect(stringify!($version))
+            .into_inner();
+        let response = responses.next().await.expect("one response").expect("ok");
+        match response.message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => list
+                .service
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<String>>(),
+            other => panic!("unexpected reflection answer {other:?}"),
         }
-        other => panic!("unexpected reflection answer {other:?}"),
-    }
-}
-
-async fn list_v1alpha(server: &TestServer) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::{
-        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-    };
-    let mut client = ServerReflectionClient::new(server.channel().await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .expect("reflection v1alpha")
-        .into_inner();
-    let response = responses.next().await.expect("one response").expect("ok");
-    match response.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            list.service.into_iter().map(|s| s.name).collect()
-        }
-        other => panic!("unexpected reflection answer {other:?}"),
-    }
+    }};
 }
 
 #[tokio::test]
 async fn reflection_lists_the_service_in_both_versions() {
     let server = TestServer::start().await;
-    for services in [list_v1(&server).await, list_v1alpha(&server).await] {
+    for services in [list_services!(v1, server), list_services!(v1alpha, server)] {
         for expected in [
             "retrybudget.v1.RetryBudget",
             "grpc.health.v1.Health",

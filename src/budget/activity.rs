@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::action::{Action, Budget, ErrorClass, explain, next_action};
 use super::codes;
 use super::delay::{DEFAULT_BASE, DEFAULT_CAP, DelayParams, retry_delay};
+use super::hint::{Hint, RawHints, normalize};
 
 /// The longest activity or workflow id, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -368,19 +369,31 @@ pub struct Event {
     /// Why the retry was deferred, a stable code (deferrals only).
     #[serde(default)]
     pub defer_reason: Option<String>,
+    /// The classification rule that gave the class, when the service
+    /// classified a raw failure.
+    #[serde(default)]
+    pub rule: Option<String>,
+    /// The server's hints, normalised, when the report carried any.
+    #[serde(default)]
+    pub hint: Option<Hint>,
     /// When the service recorded it, unix milliseconds (audit only).
     pub recorded_at_ms: i64,
 }
 
-/// A retry slot booked for an activity whose retry was deferred: when the
-/// same attempt is reported again at or after `not_before_ms`, it is granted
-/// without asking the bucket again.
+/// A pending deferral of an activity's retry. Asked again before
+/// `not_before_ms`, the same attempt gets the same deferral without touching
+/// the bucket (no busy loop). At or after it, a booked slot pays for the
+/// retry without asking the bucket again; an unbooked one asks the bucket
+/// anew.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
     /// The attempt that was deferred.
     pub attempt: u32,
-    /// When the booked slot comes, unix milliseconds (service clock).
+    /// When to ask again, unix milliseconds (service clock).
     pub not_before_ms: i64,
+    /// Whether a global token is booked for that time.
+    #[serde(default)]
+    pub booked: bool,
 }
 
 /// Identifies an activity: tenants never share one.
@@ -416,7 +429,10 @@ pub struct ActivityRecord {
     /// A slot booked by a deferral, if one is pending.
     #[serde(default)]
     pub reservation: Option<Reservation>,
-    /// Every decision and transition, oldest first.
+    /// Every decision and transition, oldest first. Not part of the
+    /// record's serialized head: stores keep events apart, append-only, so a
+    /// decision writes one event, not the whole history again.
+    #[serde(default, skip_serializing)]
     pub events: Vec<Event>,
 }
 
@@ -474,6 +490,11 @@ pub struct Report<'a> {
     pub attempt: u32,
     /// The failure's class.
     pub class: ErrorClass,
+    /// The classification rule that gave `class`, when the service
+    /// classified a raw failure.
+    pub rule: Option<&'a str>,
+    /// The server's retry hints, raw as the worker received them.
+    pub hints: Option<RawHints<'a>>,
     /// The caller's policy; read on the first report only.
     pub policy: Option<Policy>,
     /// The logical time of the failure, unix milliseconds; `None` means now.
@@ -508,6 +529,8 @@ pub struct Draft {
     event: Event,
     /// True when a deferral's booked slot pays for this retry.
     reserved: bool,
+    /// True when a deferral decided now has a token booked.
+    booked: bool,
 }
 
 impl Draft {
@@ -527,11 +550,12 @@ impl Draft {
         self.event.token_taken = true;
     }
 
-    /// No token now: the retry is deferred to the booked slot at
-    /// `slot_ms` (service clock), which this activity keeps. The attempt is
-    /// not consumed. When the slot (or the planned backoff, if later) falls
-    /// past the deadline, the decision becomes `deadline_exceeded` instead.
-    pub fn defer(&mut self, slot_ms: i64, reason: &str) {
+    /// No token now: the retry is deferred to `slot_ms` (service clock),
+    /// where a token is `booked` for this activity, or not (then the bucket
+    /// is asked again at that time). The attempt is not consumed. When that
+    /// time (or the planned backoff, if later) falls past the deadline, the
+    /// decision becomes `deadline_exceeded` instead.
+    pub fn defer(&mut self, slot_ms: i64, reason: &str, booked: bool) {
         let planned = self.event.not_before_ms.unwrap_or(slot_ms);
         let not_before = planned.max(slot_ms);
         let deadline = self
@@ -553,14 +577,30 @@ impl Draft {
         }
         self.event.action = Some(Action::Deferred);
         self.event.code = codes::DEFERRED.to_owned();
-        self.event.token_taken = true;
+        self.event.token_taken = booked;
         self.event.defer_reason = Some(reason.to_owned());
+        let what = if booked {
+            "a slot is booked for this activity"
+        } else {
+            "no slot could be booked yet; the next turn comes"
+        };
         self.event.reason = format!(
-            "retry capacity is exhausted ({reason}); a slot is booked for this activity {} from now: report attempt {} again then",
+            "retry capacity is exhausted ({reason}); {what} {} from now: report attempt {} again then",
             seconds(not_before - self.event.recorded_at_ms),
             self.event.attempt
         );
         self.event.not_before_ms = Some(not_before);
+        self.booked = booked;
+    }
+
+    /// The latest time a booked slot may come and still let the retry start
+    /// before the deadline, as a wait from `now_ms` (0 when already late).
+    pub fn max_wait_ms(&self, now_ms: i64) -> i64 {
+        self.record
+            .started_at_ms
+            .saturating_add(self.record.policy.deadline_ms())
+            .saturating_sub(now_ms)
+            .max(0)
     }
 
     /// Appends the event and applies the decision to the record.
@@ -572,6 +612,7 @@ impl Draft {
                 self.record.reservation = Some(Reservation {
                     attempt: self.event.attempt,
                     not_before_ms: self.event.not_before_ms.unwrap_or(now_ms),
+                    booked: self.booked,
                 });
             }
             _ => {
@@ -589,11 +630,13 @@ impl Draft {
     }
 }
 
-/// The service's settings that shape new activities.
+/// The service's settings that shape decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Defaults {
     /// The policy of an activity whose first report carries none.
     pub policy: Policy,
+    /// The longest delay a server's hint may ask for, in milliseconds.
+    pub max_hint_ms: u64,
 }
 
 /// Decides a failure report against the recorded activity.
@@ -663,7 +706,7 @@ pub fn plan(
                     policy: record.policy,
                 }));
             }
-            reserved = true;
+            reserved = reservation.booked;
         }
     }
 
@@ -716,30 +759,52 @@ pub fn plan(
         reason: String::new(),
         token_taken: false,
         defer_reason: None,
+        rule: report.rule.map(str::to_owned),
+        hint: report
+            .hints
+            .map(|raw| normalize(&raw, occurred_at_ms, defaults.max_hint_ms)),
         recorded_at_ms: now_ms,
     };
     let mut action = next_action(&budget, report.class);
     event.reason = explain(action, &budget);
+    if action == Action::ScheduleRetry && event.hint.is_some_and(|h| h.do_not_retry) {
+        action = Action::FailPermanent;
+        event.reason = format!(
+            "the server asked not to retry ({})",
+            crate::budget::hint::GRPC_PUSHBACK_DO_NOT_RETRY
+        );
+    }
     if action == Action::ScheduleRetry {
-        let delay = retry_delay(&key.activity_id, report.attempt, policy.delay_params())
-            .map_err(|_| BudgetError::AttemptMustBePositive)?;
-        let not_before = occurred_at_ms.saturating_add_unsigned(delay.millis);
+        let planned = plan_delay(
+            &key.activity_id,
+            report.attempt,
+            policy.delay_params(),
+            event.hint.as_ref(),
+        )?;
+        let not_before = occurred_at_ms.saturating_add_unsigned(planned.millis);
         let deadline = record.started_at_ms.saturating_add(policy.deadline_ms());
-        event.backoff_ms = delay.millis;
+        event.backoff_ms = planned.backoff_ms;
         if not_before > deadline {
             action = Action::DeadlineExceeded;
             event.reason = format!(
-                "the next attempt could start {} after the start, past the {} s deadline",
+                "the next attempt could start {} after the start{}, past the {} s deadline",
                 seconds(not_before - record.started_at_ms),
+                if planned.from_hint {
+                    " (as the server asked)"
+                } else {
+                    ""
+                },
                 policy.deadline_seconds
             );
         } else {
-            event.delay_seconds = delay.seconds;
-            event.delay_ms = delay.millis;
+            event.delay_seconds = planned.seconds;
+            event.delay_ms = planned.millis;
             event.not_before_ms = Some(not_before);
             event.reason = format!(
-                "attempt {} of {} failed transiently; backoff {} ms ({} s) from occurred_at",
-                budget.attempts, budget.max_attempts, delay.millis, delay.seconds
+                "attempt {} of {} failed transiently; {} from occurred_at",
+                budget.attempts,
+                budget.max_attempts,
+                planned.describe()
             );
             if reserved {
                 event.token_taken = true;
@@ -759,7 +824,66 @@ pub fn plan(
         record,
         event,
         reserved,
+        booked: false,
     }))
+}
+
+/// A retry's delay: the reference backoff, or the server's hint when it
+/// asks for longer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedDelay {
+    /// The delay in whole seconds (`millis / 1000`).
+    pub seconds: u32,
+    /// The delay in milliseconds: `max(backoff, hint)`.
+    pub millis: u64,
+    /// The reference backoff in milliseconds, before any hint.
+    pub backoff_ms: u64,
+    /// True when the hint was longer than the backoff and decided.
+    pub from_hint: bool,
+}
+
+impl PlannedDelay {
+    fn describe(&self) -> String {
+        if self.from_hint {
+            format!(
+                "the server's hint of {} ms, longer than the backoff of {} ms",
+                self.millis, self.backoff_ms
+            )
+        } else {
+            format!("backoff {} ms ({} s)", self.millis, self.seconds)
+        }
+    }
+}
+
+/// Plans a retry's delay: the reference backoff of `attempt`, or the
+/// server's normalised hint when it is longer (`max(backoff, hint)`).
+///
+/// # Errors
+/// [`BudgetError::AttemptMustBePositive`] for attempt 0.
+pub fn plan_delay(
+    activity_id: &str,
+    attempt: u32,
+    params: DelayParams,
+    hint: Option<&Hint>,
+) -> Result<PlannedDelay, BudgetError> {
+    let backoff = retry_delay(activity_id, attempt, params)
+        .map_err(|_| BudgetError::AttemptMustBePositive)?;
+    let hinted = hint.map_or(0, |h| h.delay_ms);
+    Ok(if hinted > backoff.millis {
+        PlannedDelay {
+            seconds: u32::try_from(hinted / 1000).unwrap_or(u32::MAX),
+            millis: hinted,
+            backoff_ms: backoff.millis,
+            from_hint: true,
+        }
+    } else {
+        PlannedDelay {
+            seconds: backoff.seconds,
+            millis: backoff.millis,
+            backoff_ms: backoff.millis,
+            from_hint: false,
+        }
+    })
 }
 
 /// Milliseconds as seconds with three decimals, for reasons people read.
@@ -872,6 +996,8 @@ fn transition(
         reason,
         token_taken: false,
         defer_reason: None,
+        rule: None,
+        hint: None,
         recorded_at_ms: now_ms,
     }
 }

@@ -25,6 +25,19 @@ pub const RESOLVED_FAILED: &str = "resolved_failed";
 /// Event code of a parked activity a reviewer reopened.
 pub const RESOLVED_RETRY: &str = "resolved_retry";
 
+/// Deferral reason: the tenant has taken its share while other tenants want
+/// theirs; its next slot is booked.
+pub const TENANT_SHARE_EXHAUSTED: &str = "tenant_share_exhausted";
+/// Deferral reason: the whole bucket is empty (a lone tenant's slot is
+/// booked), or it has promised as far ahead as it may (nothing is booked).
+pub const GLOBAL_CAPACITY_EXHAUSTED: &str = "global_capacity_exhausted";
+/// Deferral reason: the tenant already has slots booked up to the
+/// reservation horizon; nothing is booked, ask again later.
+pub const TENANT_BACKLOG_FULL: &str = "tenant_backlog_full";
+/// Refusal reason: the tenant's next slot comes later than the caller can
+/// wait (its deadline); nothing is booked.
+pub const RESERVATION_PAST_MAX_WAIT: &str = "reservation_past_max_wait";
+
 /// The reference's error for an attempt number below 1.
 pub const ATTEMPT_MUST_BE_POSITIVE: &str = "attempt_must_be_positive";
 /// The reference's error for a class that is not transient, permanent or

@@ -247,8 +247,8 @@ fn retry_after(value: &str, date: &str, occurred_at_ms: i64) -> RetryAfter {
         Some(ms) => (ms, false),
         None => (occurred_at_ms, !date.is_empty()),
     };
-    // Both fit in i64 (HTTP-dates end in year 9999), so the difference
-    // fits in i128; a past date is zero.
+    // The difference of two i64 fits in i128 and, when not negative, in
+    // u64; a past date is zero.
     let ms = (i128::from(at_ms) - i128::from(reference_ms)).max(0);
     RetryAfter::Date {
         ms: u64::try_from(ms).unwrap_or(u64::MAX),
@@ -271,6 +271,323 @@ fn duration_ms(delay: RetryInfoDelay) -> Option<u64> {
     if delay.seconds > MAX_DURATION_SECONDS || delay.nanos >= NANOS_PER_SECOND {
         return None;
     }
-    // At most 315_576_000_000_999 ms: no overflow.
+    // At most 315_576_000_001_000 ms: no overflow.
     Some(seconds * 1000 + nanos.div_ceil(NANOS_PER_MILLI))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// `Sun, 06 Nov 1994 08:49:37 GMT`, the RFC's example, in unix ms.
+    const RFC_DATE_MS: i64 = 784_111_777_000;
+    const DATE: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
+    const MAX: u64 = 3_600_000;
+
+    fn retry_after(value: &str, date: &str) -> Hint {
+        let raw = RawHints {
+            retry_after: value,
+            date,
+            ..RawHints::default()
+        };
+        // occurred_at is 30 s after the response's Date, so a result
+        // measured against it differs from one measured against Date.
+        normalize(&raw, RFC_DATE_MS + 30_000, MAX)
+    }
+
+    /// A delay, its source and the reason codes.
+    type Outcome = (u64, Option<HintSource>, Vec<&'static str>);
+
+    fn delay(value: &str, date: &str) -> Outcome {
+        let hint = retry_after(value, date);
+        (hint.delay_ms, hint.source, hint.ignored.codes().collect())
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn retry_after_reads_seconds_and_the_three_date_forms() {
+        use HintSource::{RetryAfterDate as D, RetryAfterSeconds as S};
+        let cases: [(&str, &str, Outcome); 16] = [
+            ("120", "", (120_000, Some(S), vec![])),
+            ("0", DATE, (0, Some(S), vec![])),
+            ("007", "", (7_000, Some(S), vec![])),
+            (" \t120\t ", "", (120_000, Some(S), vec![])),
+            // Two minutes after the response's Date, in each form.
+            ("Sun, 06 Nov 1994 08:51:37 GMT", DATE, (120_000, Some(D), vec![])),
+            ("Sunday, 06-Nov-94 08:51:37 GMT", DATE, (120_000, Some(D), vec![])),
+            ("Sun Nov  6 08:51:37 1994", DATE, (120_000, Some(D), vec![])),
+            ("  Sun Nov  6 08:51:37 1994 ", " Sunday, 06-Nov-94 08:49:37 GMT\t", (120_000, Some(D), vec![])),
+            // No Date: measured against occurred_at, 30 s later.
+            ("Sun, 06 Nov 1994 08:51:37 GMT", "", (90_000, Some(D), vec![])),
+            ("Sun, 06 Nov 1994 08:51:37 GMT", "   ", (90_000, Some(D), vec![])),
+            // An invalid Date: occurred_at, and the decision says so.
+            ("Sun, 06 Nov 1994 08:51:37 GMT", "yesterday", (90_000, Some(D), vec![DATE_INVALID])),
+            ("Sun, 06 Nov 1994 08:51:37 GMT", "Mon, 06 Nov 1994 08:49:37 GMT", (90_000, Some(D), vec![DATE_INVALID])),
+            // In the past: zero.
+            ("Sun, 06 Nov 1994 08:48:37 GMT", DATE, (0, Some(D), vec![])),
+            ("Thu, 01 Jan 1970 00:00:00 GMT", "", (0, Some(D), vec![])),
+            // A Date that is not needed is not judged.
+            ("5", "garbage", (5_000, Some(S), vec![])),
+            ("", "garbage", (0, None, vec![])),
+        ];
+        for (value, date, want) in cases {
+            assert_eq!(delay(value, date), want, "{value:?} / {date:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_retry_after_values_are_ignored_with_a_reason() {
+        for value in [
+            "soon",
+            "-5",
+            "+5",
+            "1.5",
+            "5s",
+            "1e3",
+            "0x10",
+            "1 2",
+            "١٢٣",
+            "１２",
+            "Sun, 06 Nov 1994 08:51:37 PST",
+            "Mon, 06 Nov 1994 08:51:37 GMT",
+            "sun, 06 nov 1994 08:51:37 GMT",
+            "Sun, 31 Feb 1994 08:51:37 GMT",
+            "Sun, 06 Nov 1994 24:00:00 GMT",
+            "Sun, 06 Nov 10000 08:51:37 GMT",
+            "Sun, 06 Nov 1994 08:51:37 GMT garbage",
+        ] {
+            let hint = retry_after(value, DATE);
+            assert_eq!(hint.delay_ms, 0, "{value:?}");
+            assert_eq!(hint.source, None, "{value:?}");
+            assert!(!hint.do_not_retry);
+            assert_eq!(
+                hint.ignored.codes().collect::<Vec<_>>(),
+                [RETRY_AFTER_INVALID],
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_retry_after_values_saturate_and_are_capped() {
+        for value in [
+            "3601",
+            "18446744073709551",
+            "18446744073709552",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999999999999999999999",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let hint = retry_after(value, DATE);
+            assert_eq!((hint.delay_ms, hint.capped), (MAX, true), "{value:?}");
+            assert!(hint.ignored.is_empty(), "{value:?}");
+        }
+        assert!(!retry_after("3600", DATE).capped);
+    }
+
+    #[test]
+    fn pushback_is_a_delay_and_negative_means_do_not_retry() {
+        let pushback = |ms: i64| {
+            let raw = RawHints {
+                grpc_retry_pushback_ms: Some(ms),
+                ..RawHints::default()
+            };
+            normalize(&raw, 0, MAX)
+        };
+        let hint = pushback(250);
+        assert_eq!(hint.delay_ms, 250);
+        assert_eq!(hint.source, Some(HintSource::GrpcRetryPushback));
+        assert!(!hint.do_not_retry);
+        assert_eq!(pushback(0).delay_ms, 0);
+        assert_eq!(
+            (pushback(i64::MAX).delay_ms, pushback(i64::MAX).capped),
+            (MAX, true)
+        );
+        for negative in [-1, i64::MIN] {
+            let hint = pushback(negative);
+            assert!(hint.do_not_retry);
+            assert_eq!((hint.delay_ms, hint.source), (0, None));
+        }
+    }
+
+    #[test]
+    fn retry_info_is_read_rounded_up_and_invalid_durations_are_ignored() {
+        let info = |seconds: i64, nanos: i32| {
+            let raw = RawHints {
+                retry_info_delay: Some(RetryInfoDelay { seconds, nanos }),
+                ..RawHints::default()
+            };
+            normalize(&raw, 0, u64::MAX)
+        };
+        assert_eq!(info(1, 500_000_000).delay_ms, 1_500);
+        assert_eq!(info(0, 1).delay_ms, 1);
+        assert_eq!(info(0, 0).source, Some(HintSource::RetryInfo));
+        assert_eq!(
+            info(MAX_DURATION_SECONDS, 999_999_999).delay_ms,
+            315_576_000_001_000
+        );
+        for (seconds, nanos) in [
+            (-1, 0),
+            (0, -1),
+            (-1, -500),
+            (1, 1_000_000_000),
+            (MAX_DURATION_SECONDS + 1, 0),
+            (i64::MIN, i32::MIN),
+        ] {
+            let hint = info(seconds, nanos);
+            assert_eq!((hint.delay_ms, hint.source), (0, None), "{seconds} {nanos}");
+            assert_eq!(
+                hint.ignored.codes().collect::<Vec<_>>(),
+                [RETRY_INFO_INVALID]
+            );
+        }
+    }
+
+    #[test]
+    fn the_largest_hint_wins_first_among_equals_and_invalid_ones_are_all_reported() {
+        let raw = RawHints {
+            retry_after: "2",
+            date: "",
+            grpc_retry_pushback_ms: Some(5_000),
+            retry_info_delay: Some(RetryInfoDelay {
+                seconds: 3,
+                nanos: 0,
+            }),
+        };
+        let hint = normalize(&raw, 0, MAX);
+        assert_eq!(
+            (hint.delay_ms, hint.source),
+            (5_000, Some(HintSource::GrpcRetryPushback))
+        );
+        let two_seconds = Some(RetryInfoDelay {
+            seconds: 2,
+            nanos: 0,
+        });
+        let tie = RawHints {
+            grpc_retry_pushback_ms: Some(2_000),
+            retry_info_delay: two_seconds,
+            ..raw
+        };
+        assert_eq!(
+            normalize(&tie, 0, MAX).source,
+            Some(HintSource::RetryAfterSeconds)
+        );
+        let tie = RawHints {
+            retry_after: "",
+            ..tie
+        };
+        assert_eq!(
+            normalize(&tie, 0, MAX).source,
+            Some(HintSource::GrpcRetryPushback)
+        );
+
+        let bad = RawHints {
+            retry_after: "later",
+            date: "",
+            grpc_retry_pushback_ms: Some(-1),
+            retry_info_delay: Some(RetryInfoDelay {
+                seconds: -3,
+                nanos: 0,
+            }),
+        };
+        let hint = normalize(&bad, 0, MAX);
+        assert!(hint.do_not_retry);
+        assert_eq!(
+            hint.ignored.codes().collect::<Vec<_>>(),
+            [RETRY_AFTER_INVALID, RETRY_INFO_INVALID]
+        );
+        assert_eq!(hint.source, None);
+    }
+
+    #[test]
+    fn a_do_not_retry_still_records_the_other_hints() {
+        let raw = RawHints {
+            retry_after: "Sun, 06 Nov 1994 08:51:37 GMT",
+            date: "junk",
+            grpc_retry_pushback_ms: Some(-1),
+            retry_info_delay: None,
+        };
+        let hint = normalize(&raw, RFC_DATE_MS, MAX);
+        assert!(hint.do_not_retry);
+        assert_eq!(
+            (hint.delay_ms, hint.source),
+            (120_000, Some(HintSource::RetryAfterDate))
+        );
+        assert_eq!(hint.ignored.codes().collect::<Vec<_>>(), [DATE_INVALID]);
+    }
+
+    #[test]
+    fn a_zero_maximum_disables_hints() {
+        let hint = retry_after("10", "");
+        assert_eq!(hint.delay_ms, 10_000);
+        let raw = RawHints {
+            retry_after: "10",
+            ..RawHints::default()
+        };
+        let hint = normalize(&raw, 0, 0);
+        assert_eq!((hint.delay_ms, hint.capped), (0, true));
+    }
+
+    #[test]
+    fn no_hint_is_all_zero() {
+        assert_eq!(normalize(&RawHints::default(), 0, MAX), Hint::default());
+    }
+
+    proptest! {
+        #[test]
+        fn no_input_panics_and_the_result_is_consistent(
+            retry_after in any::<String>(),
+            date in any::<String>(),
+            pushback in any::<Option<i64>>(),
+            info in any::<Option<(i64, i32)>>(),
+            occurred_at_ms in any::<i64>(),
+            max_hint_ms in any::<u64>(),
+        ) {
+            let raw = RawHints {
+                retry_after: &retry_after,
+                date: &date,
+                grpc_retry_pushback_ms: pushback,
+                retry_info_delay: info.map(|(seconds, nanos)| RetryInfoDelay { seconds, nanos }),
+            };
+            let hint = normalize(&raw, occurred_at_ms, max_hint_ms);
+            prop_assert_eq!(hint, normalize(&raw, occurred_at_ms, max_hint_ms));
+            prop_assert!(hint.delay_ms <= max_hint_ms);
+            if hint.capped {
+                prop_assert_eq!(hint.delay_ms, max_hint_ms);
+            }
+            if hint.source.is_none() {
+                prop_assert_eq!(hint.delay_ms, 0);
+            }
+            prop_assert_eq!(hint.do_not_retry, pushback.is_some_and(|ms| ms < 0));
+            if hint.ignored.retry_after {
+                prop_assert!(!matches!(
+                    hint.source,
+                    Some(HintSource::RetryAfterSeconds | HintSource::RetryAfterDate)
+                ));
+            }
+        }
+
+        #[test]
+        fn delay_seconds_round_trip(seconds in any::<u32>(), pad in "[ \t]{0,3}") {
+            let value = format!("{pad}{seconds}{pad}");
+            let hint = retry_after(&value, "");
+            prop_assert_eq!(hint.delay_ms, (u64::from(seconds) * 1000).min(MAX));
+            prop_assert_eq!(hint.source, Some(HintSource::RetryAfterSeconds));
+        }
+
+        #[test]
+        fn an_http_date_is_measured_from_the_date_header(
+            date_s in 0u64..253_402_300_000 - 100_000,
+            ahead_s in 0u64..100_000,
+        ) {
+            let at = |s: u64| httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(s));
+            let (value, date) = (at(date_s + ahead_s), at(date_s));
+            let raw = RawHints { retry_after: &value, date: &date, ..RawHints::default() };
+            let hint = normalize(&raw, 0, u64::MAX);
+            prop_assert_eq!(hint.delay_ms, ahead_s * 1000);
+            prop_assert_eq!(hint.source, Some(HintSource::RetryAfterDate));
+        }
+    }
 }

@@ -9,15 +9,21 @@ use crate::budget::activity::{
     ActivityRecord, BudgetError, DEFAULT_TENANT, Event, EventKind, Policy, Resolution, Status,
     validate_tenant,
 };
+use crate::budget::classify::{Failure, NetworkFailure, Reach, Safety};
+use crate::budget::hint::{Hint, RawHints, RetryInfoDelay};
 use crate::budget::{Action, ErrorClass};
 use crate::ledger::Decided;
 
-/// The tenant named by the `x-tenant-id` metadata; absent means `default`.
+/// The tenant named by the `x-tenant-id` metadata; absent or empty means
+/// `default` (as the token layer reads it).
 pub(super) fn tenant(metadata: &MetadataMap) -> Result<String, BudgetError> {
     let Some(value) = metadata.get(TENANT_HEADER) else {
         return Ok(DEFAULT_TENANT.to_owned());
     };
     let tenant = value.to_str().map_err(|_| BudgetError::InvalidTenant)?;
+    if tenant.is_empty() {
+        return Ok(DEFAULT_TENANT.to_owned());
+    }
     validate_tenant(tenant)?;
     Ok(tenant.to_owned())
 }
@@ -33,7 +39,68 @@ pub(super) fn error_class(value: i32) -> Result<ErrorClass, BudgetError> {
     }
 }
 
-fn error_class_to_pb(class: ErrorClass) -> pb::ErrorClass {
+/// The raw failure of a wire `ErrorDetail`, for the classifier.
+pub(super) fn failure<'a>(d: &pb::ErrorDetail, tenant: &'a str) -> Failure<'a> {
+    Failure {
+        http_status: u16::try_from(d.http_status).ok().filter(|&s| s != 0),
+        grpc_code: d.grpc_code,
+        network: match pb::NetworkFailure::try_from(d.network_failure) {
+            Ok(pb::NetworkFailure::Dns) => Some(NetworkFailure::Dns),
+            Ok(pb::NetworkFailure::ConnectionRefused) => Some(NetworkFailure::ConnectionRefused),
+            Ok(pb::NetworkFailure::ConnectTimeout) => Some(NetworkFailure::ConnectTimeout),
+            Ok(pb::NetworkFailure::Tls) => Some(NetworkFailure::Tls),
+            Ok(pb::NetworkFailure::ConnectionReset) => Some(NetworkFailure::ConnectionReset),
+            Ok(pb::NetworkFailure::ConnectionClosed) => Some(NetworkFailure::ConnectionClosed),
+            Ok(pb::NetworkFailure::Timeout) => Some(NetworkFailure::Timeout),
+            // A kind this version does not know is still a network failure.
+            Ok(pb::NetworkFailure::Other) | Err(_) => Some(NetworkFailure::Other),
+            Ok(pb::NetworkFailure::Unspecified) => None,
+        },
+        safety: match pb::Safety::try_from(d.safety) {
+            Ok(pb::Safety::ReadOnly) => Safety::ReadOnly,
+            Ok(pb::Safety::Idempotent) => Safety::Idempotent,
+            Ok(pb::Safety::NonIdempotent) => Safety::NonIdempotent,
+            Ok(pb::Safety::Unspecified) | Err(_) => Safety::Unspecified,
+        },
+        reached: match pb::Reach::try_from(d.reached) {
+            Ok(pb::Reach::NotSent) => Reach::NotSent,
+            Ok(pb::Reach::MayHaveReached) => Reach::MayHaveReached,
+            Ok(pb::Reach::Unspecified) | Err(_) => Reach::Unknown,
+        },
+        tenant,
+    }
+}
+
+/// The server's hints of a wire `ErrorDetail`; `None` when it carries none.
+pub(super) fn raw_hints(d: &pb::ErrorDetail) -> Option<RawHints<'_>> {
+    let raw = RawHints {
+        retry_after: &d.retry_after,
+        date: &d.date,
+        grpc_retry_pushback_ms: d.grpc_retry_pushback_ms,
+        retry_info_delay: d.retry_info_delay.map(|d| RetryInfoDelay {
+            seconds: d.seconds,
+            nanos: d.nanos,
+        }),
+    };
+    let given = !raw.retry_after.trim().is_empty()
+        || raw.grpc_retry_pushback_ms.is_some()
+        || raw.retry_info_delay.is_some();
+    given.then_some(raw)
+}
+
+impl From<&Hint> for pb::ServerHint {
+    fn from(h: &Hint) -> Self {
+        Self {
+            delay_ms: h.delay_ms,
+            source: h.source.map(|s| s.as_str().to_owned()).unwrap_or_default(),
+            capped: h.capped,
+            do_not_retry: h.do_not_retry,
+            ignored: h.ignored.codes().map(str::to_owned).collect(),
+        }
+    }
+}
+
+pub(super) fn error_class_to_pb(class: ErrorClass) -> pb::ErrorClass {
     match class {
         ErrorClass::Transient => pb::ErrorClass::Transient,
         ErrorClass::Permanent => pb::ErrorClass::Permanent,
@@ -132,6 +199,8 @@ impl From<&Event> for pb::ActivityEvent {
             token_taken: e.token_taken,
             recorded_at: Some(timestamp(e.recorded_at_ms)),
             defer_reason: e.defer_reason.clone().unwrap_or_default(),
+            rule: e.rule.clone().unwrap_or_default(),
+            hint: e.hint.as_ref().map(pb::ServerHint::from),
         }
     }
 }
@@ -170,6 +239,13 @@ impl From<Decided> for pb::NextActionResponse {
             policy: Some(d.policy.into()),
             policy_conflict: d.policy_conflict,
             class_conflict: d.class_conflict,
+            dry_run: false,
+            error_class: e
+                .class
+                .map_or(pb::ErrorClass::Unspecified, error_class_to_pb)
+                as i32,
+            hint: e.hint.as_ref().map(pb::ServerHint::from),
+            rule: e.rule.unwrap_or_default(),
             token_taken: e.token_taken,
             defer_reason: e.defer_reason.unwrap_or_default(),
         }

@@ -3,18 +3,23 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, millis};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
+use crate::bucket::{Admission, FairBucket, PermitSlot, SlotSpentError};
 use crate::budget::activity::{
-    ActivityKey, BudgetError, Report, validate_activity_id, validate_workflow_id,
+    ActivityKey, BudgetError, Policy, Report, plan_delay, validate_activity_id,
+    validate_workflow_id,
 };
-use crate::budget::{Budget, DelayParams, next_action, retry_delay};
+use crate::budget::classify::RuleSet;
+use crate::budget::hint::{RawHints, normalize};
+use crate::budget::{Action, Budget, DelayParams, ErrorClass, explain, next_action, retry_delay};
 use crate::clock::now_ms;
-use crate::ledger::{Ledger, SuccessOutcome, Unlimited};
+use crate::ledger::{Ledger, SuccessOutcome, TokenGate, TokenOutcome};
 use crate::store::Store;
 
 /// Set when the server starts draining: new calls are refused with
@@ -40,13 +45,65 @@ impl Draining {
 pub struct RetryBudgetService<S> {
     ledger: Arc<Ledger<S>>,
     draining: Draining,
+    /// The global retry-token bucket: successes deposit into it. Retries
+    /// take its tokens through the [`PermitSlot`] its tower layer puts in
+    /// each `NextAction` request.
+    bucket: Option<FairBucket>,
+    /// The classification rules: the operator's overrides, then the
+    /// defaults.
+    rules: Arc<RuleSet>,
 }
 
 impl<S> RetryBudgetService<S> {
     /// The service over a ledger; it refuses new calls once `draining`
-    /// starts.
-    pub fn new(ledger: Arc<Ledger<S>>, draining: Draining) -> Self {
-        Self { ledger, draining }
+    /// starts. Successes deposit into `bucket`, if any.
+    pub fn new(
+        ledger: Arc<Ledger<S>>,
+        draining: Draining,
+        bucket: Option<FairBucket>,
+        rules: Arc<RuleSet>,
+    ) -> Self {
+        Self {
+            ledger,
+            draining,
+            bucket,
+            rules,
+        }
+    }
+}
+
+/// The token layer's permit as the ledger's [`TokenGate`]. Without a permit
+/// (no layer installed) every retry is granted.
+struct SlotGate(Option<PermitSlot>);
+
+impl TokenGate for SlotGate {
+    fn take(self, now_ms: i64, max_wait_ms: i64) -> TokenOutcome {
+        let Some(slot) = self.0 else {
+            return TokenOutcome::Granted;
+        };
+        let max_wait = Duration::from_millis(max_wait_ms.max(0).unsigned_abs());
+        let later = |wait: Duration| {
+            now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX))
+        };
+        match slot.commit_within(max_wait) {
+            Ok(Admission::Granted) => TokenOutcome::Granted,
+            Ok(Admission::Deferred { wait, reason }) => TokenOutcome::Deferred {
+                not_before_ms: later(wait),
+                reason,
+                booked: true,
+            },
+            Ok(Admission::Refused {
+                retry_after,
+                reason,
+            }) => TokenOutcome::Deferred {
+                not_before_ms: later(retry_after),
+                reason,
+                booked: false,
+            },
+            // The ledger takes a token once a decision; a spent slot means
+            // a second decision in one request, which cannot happen.
+            Err(SlotSpentError) => TokenOutcome::Granted,
+        }
     }
 }
 
@@ -89,35 +146,60 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
     ) -> Result<Response<pb::NextActionResponse>, Status> {
         self.draining.check()?;
         let tenant = convert::tenant(request.metadata())?;
+        let slot = request.extensions().get::<PermitSlot>().cloned();
         let req = request.into_inner();
-        let class = convert::error_class(req.error_class)?;
-        if let Some(budget) = req.budget {
-            return pure_next_action(&budget, class, &req.activity_id, req.policy)
-                .map(Response::new);
-        }
-        validate_activity_id(&req.activity_id)?;
-        validate_workflow_id(&req.workflow_id)?;
+        // The worker's own class wins; else the rules classify the raw
+        // failure. Hints are planned with either way.
+        let (class, rule) = match (&req.error, req.error_class) {
+            (Some(detail), 0) => {
+                let c = self.rules.classify(&convert::failure(detail, &tenant));
+                (c.class, Some(c.rule))
+            }
+            (_, class) => (convert::error_class(class)?, None),
+        };
+        let hints = req.error.as_ref().and_then(convert::raw_hints);
         let occurred_at_ms = req
             .occurred_at
             .as_ref()
             .map(|ts| millis(ts, "occurred_at"))
             .transpose()?;
-        let key = ActivityKey {
-            tenant,
-            activity_id: req.activity_id,
-        };
+        if let Some(budget) = &req.budget {
+            let input = PureInput {
+                class,
+                rule,
+                hints,
+                occurred_at_ms,
+                activity_id: &req.activity_id,
+                policy: req.policy,
+                max_hint_ms: self.ledger.defaults().max_hint_ms,
+            };
+            let gate = (!req.dry_run).then_some(SlotGate(slot));
+            let mut response = pure_next_action(budget, &input, gate)?;
+            response.dry_run = req.dry_run;
+            return Ok(Response::new(response));
+        }
+        validate_activity_id(&req.activity_id)?;
+        validate_workflow_id(&req.workflow_id)?;
         let report = Report {
             attempt: req.attempt,
             class,
+            rule,
+            hints,
             policy: req.policy.map(Into::into),
             occurred_at_ms,
             workflow_id: &req.workflow_id,
         };
+        let key = ActivityKey {
+            tenant,
+            activity_id: req.activity_id.clone(),
+        };
         let decided = self
             .ledger
-            .report(&key, &report, Unlimited, now_ms())
+            .report(&key, &report, SlotGate(slot), now_ms(), req.dry_run)
             .await?;
-        Ok(Response::new(decided.into()))
+        let mut response = pb::NextActionResponse::from(decided);
+        response.dry_run = req.dry_run;
+        Ok(Response::new(response))
     }
 
     async fn record_success(
@@ -136,6 +218,13 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             .ledger
             .record_success(&key, occurred_at_ms, now_ms())
             .await?;
+        // A success earns retry capacity once: a repeated RecordSuccess of a
+        // closed activity deposits nothing.
+        if outcome != SuccessOutcome::AlreadyClosed
+            && let Some(bucket) = &self.bucket
+        {
+            bucket.deposit_success();
+        }
         let (status, changed) = match outcome {
             SuccessOutcome::Unknown => (pb::ActivityStatus::Unspecified, false),
             SuccessOutcome::AlreadyClosed => (pb::ActivityStatus::Closed, false),
@@ -175,13 +264,27 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
     }
 }
 
+/// What the pure form evaluates besides the budget.
+struct PureInput<'a> {
+    class: ErrorClass,
+    rule: Option<&'a str>,
+    hints: Option<RawHints<'a>>,
+    occurred_at_ms: Option<i64>,
+    activity_id: &'a str,
+    policy: Option<pb::Policy>,
+    max_hint_ms: u64,
+}
+
 /// The pure form: the reference `next_action` on the budget as given, plus
-/// the delay of a retry when an activity id is named. Nothing is stored.
+/// the delay of a retry when an activity id is named (the server's hint when
+/// it asks for longer). Nothing is stored. A retry takes a global token
+/// through `gate` (none for a dry run); the pure form keeps no record to
+/// hold a booked slot, so without a token now it is deferred to when the
+/// next one comes, and asks again then.
 fn pure_next_action(
     budget: &pb::Budget,
-    class: crate::budget::ErrorClass,
-    activity_id: &str,
-    policy: Option<pb::Policy>,
+    input: &PureInput<'_>,
+    gate: Option<SlotGate>,
 ) -> Result<pb::NextActionResponse, Status> {
     let budget = Budget {
         attempts: budget.attempts,
@@ -189,23 +292,53 @@ fn pure_next_action(
         elapsed: budget.elapsed,
         deadline: budget.deadline,
     };
-    let action = next_action(&budget, class);
+    let now = now_ms();
+    let hint = input
+        .hints
+        .map(|raw| normalize(&raw, input.occurred_at_ms.unwrap_or(now), input.max_hint_ms));
+    let mut action = next_action(&budget, input.class);
+    let mut reason = explain(action, &budget);
+    if action == Action::ScheduleRetry && hint.is_some_and(|h| h.do_not_retry) {
+        action = Action::FailPermanent;
+        reason = "the server asked not to retry (grpc_pushback_do_not_retry)".to_owned();
+    }
     let mut response = pb::NextActionResponse {
-        action: convert::action_to_pb(action) as i32,
-        code: action.code().to_owned(),
-        reason: crate::budget::explain(action, &budget),
         attempt: budget.attempts,
+        error_class: convert::error_class_to_pb(input.class) as i32,
+        rule: input.rule.unwrap_or_default().to_owned(),
+        hint: hint.as_ref().map(pb::ServerHint::from),
         ..Default::default()
     };
-    if action == crate::budget::Action::ScheduleRetry && !activity_id.is_empty() {
-        validate_activity_id(activity_id)?;
-        let params = policy.map_or_else(DelayParams::default, |p| {
-            crate::budget::activity::Policy::from(p).delay_params()
-        });
-        let delay = retry_delay(activity_id, budget.attempts, params)
-            .map_err(|_| BudgetError::AttemptMustBePositive)?;
-        response.delay_seconds = delay.seconds;
-        response.delay_ms = delay.millis;
+    if action == Action::ScheduleRetry && !input.activity_id.is_empty() {
+        validate_activity_id(input.activity_id)?;
+        let params = input
+            .policy
+            .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params());
+        let planned = plan_delay(input.activity_id, budget.attempts, params, hint.as_ref())?;
+        response.delay_seconds = planned.seconds;
+        response.delay_ms = planned.millis;
     }
+    if action == Action::ScheduleRetry
+        && let Some(gate) = gate
+    {
+        match gate.take(now, 0) {
+            TokenOutcome::Granted => response.token_taken = true,
+            TokenOutcome::Deferred {
+                not_before_ms,
+                reason: why,
+                ..
+            } => {
+                action = Action::Deferred;
+                response.defer_reason = why.to_owned();
+                response.not_before = Some(convert::timestamp(not_before_ms));
+                reason = format!("retry capacity is exhausted ({why}); ask again at not_before");
+                response.delay_seconds = 0;
+                response.delay_ms = 0;
+            }
+        }
+    }
+    response.action = convert::action_to_pb(action) as i32;
+    response.code = action.code().to_owned();
+    response.reason = reason;
     Ok(response)
 }

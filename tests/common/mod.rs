@@ -23,9 +23,13 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
-/// The configuration tests start from: a temp dir, no drain delay.
+/// The configuration tests start from: a temp dir, no drain delay, and a
+/// retry-token bucket too large to defer anything (tests of the bucket set
+/// their own).
 pub fn config(data_dir: impl Into<PathBuf>) -> ServerConfig {
     let mut config = ServerConfig::new(data_dir);
+    config.bucket.rate = 1_000_000.0;
+    config.bucket.burst = 1_000_000;
     config.drain_delay = Duration::ZERO;
     config.grace_period = Duration::from_secs(5);
     config
@@ -71,11 +75,20 @@ impl TestServer {
     }
 
     pub async fn channel(&self) -> Channel {
-        Endpoint::from_shared(self.url())
+        match Endpoint::from_shared(self.url())
             .expect("url")
             .connect()
             .await
-            .expect("connect to the test server")
+        {
+            Ok(channel) => channel,
+            Err(error) => {
+                // Say why the server is gone when it failed to start.
+                if let Some(handle) = self.handle.as_ref().filter(|h| h.is_finished()) {
+                    panic!("the test server stopped: {handle:?}");
+                }
+                panic!("connect to the test server: {error}")
+            }
+        }
     }
 
     pub async fn client(&self) -> RetryBudgetClient<Channel> {

@@ -1,0 +1,378 @@
+//! The algorithm: one global token meter, and a timeline of slots per tenant
+//! spaced by the tenant's fair share. Pure: time is a parameter (`now`,
+//! since an arbitrary monotonic epoch), nothing here reads a clock, locks or
+//! allocates for a known tenant, so a simulation is exact and repeatable.
+//!
+//! # The global meter
+//! A token bucket written as a meter (GCRA): `meter` is the time at which
+//! the refill will have paid for every token taken so far. The bucket holds
+//! `(now - meter) * rate` tokens, at most `burst` (the meter never lags
+//! `now` by more than `burst / rate`). Taking a token, granted now or booked
+//! for later, moves the meter one token interval (`1 / rate`) ahead; an
+//! unused token returned, or a success deposit, moves it back. The meter
+//! runs ahead of `now` when the bucket has promised tokens the refill has
+//! not paid for yet.
+//!
+//! # Fair shares
+//! A tenant is *backlogged* while its next free slot (`next`) lies in the
+//! future. Its share interval is `token interval * W / w`, where `w` is its
+//! weight and `W` the summed weight of the backlogged tenants, itself
+//! included: with the whole refill shared by weight among the tenants that
+//! want it now, a tenant may take one token every share interval. Each token
+//! it takes moves its `next` one share interval on.
+//!
+//! A tenant that asks for less than its share goes idle between requests,
+//! so its weight counts only while it holds a share: the others get the
+//! rest (work-conserving), and every tenant ends up with about its weighted
+//! max-min fair share, as in processor sharing.
+//!
+//! # Admission
+//! - An idle tenant (within its share) is granted at once, even when the
+//!   bucket is empty: this is what lets a newcomer through a flood within
+//!   one share interval. The bucket pays for it by running ahead of its
+//!   rate, up to the over-commit bound (`2 * max_reservation` ahead).
+//! - A backlogged tenant is granted at once only from tokens nobody has a
+//!   claim on (the bucket holds at least one): spare capacity goes to
+//!   whoever asks.
+//! - Otherwise, when asked to, the bucket books the tenant's next slot and
+//!   answers how long to wait: a reservation, one share interval after the
+//!   tenant's previous one, so a burst of deferrals spreads out.
+//! - Nothing is booked past the horizon: a slot more than
+//!   `max_reservation` away is refused, and so is any booking once
+//!   bookings have pushed the meter `3/2 * max_reservation` ahead. Tenants
+//!   at their shares book about one horizon ahead together, so the extra
+//!   half keeps bookings of different tenants from racing for room, and the
+//!   last half-horizon, up to the over-commit bound, is kept for tenants
+//!   within their share: newcomers.
+//! - A refusal books nothing, but gives the request a turn in the tenant's
+//!   queue of refused requests, one share interval after the previous turn:
+//!   it comes back about when a slot can be booked for it, so a refused
+//!   request asks about twice, not in a loop, and refused requests do not
+//!   come back as a herd. The queue promises nothing (the slot is not
+//!   counted); a turn later than the caller's `max_wait` is not taken.
+//!
+//! # The bound
+//! Every token moves the meter, and no token moves it past `now + 2 *
+//! max_reservation`: the tokens taken by any time `t` (and so those used)
+//! never exceed `burst + rate * (t + 2 * max_reservation)` plus the success
+//! deposits. Reservations are promises kept even when a newcomer arrives
+//! later; this bound is the price of keeping both the promises and the
+//! newcomer's share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::config::{BucketConfig, BucketConfigError};
+use super::tenants::Tenants;
+use super::{
+    GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
+    TENANT_SHARE_EXHAUSTED,
+};
+
+/// Times and durations inside, in nanoseconds. Every input is clamped below
+/// a quarter of `i64::MAX` (73 years), so sums never overflow.
+type Nanos = i64;
+
+const NANOS_LIMIT: Nanos = i64::MAX / 4;
+
+/// The answer to a request for a retry token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Admission {
+    /// A token is taken now: retry.
+    Granted,
+    /// No token now: the tenant's next free slot is booked for this request,
+    /// `wait` from now. Asked again then, the same retry is granted without
+    /// asking the bucket: the token is already counted.
+    Deferred {
+        /// How long until the booked slot.
+        wait: Duration,
+        /// Why: [`TENANT_SHARE_EXHAUSTED`] or [`GLOBAL_CAPACITY_EXHAUSTED`].
+        reason: &'static str,
+    },
+    /// No token now and no slot booked: ask the bucket again after
+    /// `retry_after`. Nothing is promised, but the wait is the request's
+    /// turn in the tenant's queue of refused requests (one share interval
+    /// after the previous turn), so it usually finds a slot then, and
+    /// refused requests do not come back together. With reason
+    /// [`RESERVATION_PAST_MAX_WAIT`], the request takes no turn:
+    /// `retry_after` is when its slot or turn would have come.
+    Refused {
+        /// When to ask again.
+        retry_after: Duration,
+        /// Why: [`TENANT_BACKLOG_FULL`], [`GLOBAL_CAPACITY_EXHAUSTED`] or
+        /// [`RESERVATION_PAST_MAX_WAIT`].
+        reason: &'static str,
+    },
+}
+
+/// A token taken now that may still be returned unused
+/// ([`FairShares::release`]). Opaque: it says which tenant's share to give
+/// back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The tenant's entry.
+    index: u32,
+    /// The entry's generation, so a token returned after the tenant was
+    /// evicted does not touch its successor.
+    generation: u32,
+    /// How far the grant moved the tenant's next slot (0 for spare tokens).
+    charged: Nanos,
+}
+
+/// A request that could not be granted now, with what booking needs.
+struct Pending {
+    /// The tenant's entry.
+    index: u32,
+    /// Its next free slot.
+    next: Nanos,
+    /// Its share interval now.
+    share: Nanos,
+    /// Summed weight of the other backlogged tenants.
+    others: u64,
+}
+
+/// The global bucket with weighted fair per-tenant shares, as pure state.
+#[derive(Debug)]
+pub struct FairShares {
+    /// One token interval (`1 / rate`).
+    token: Nanos,
+    /// `burst` token intervals: how far the meter may lag `now`.
+    burst: Nanos,
+    /// The reservation horizon: the latest slot bookable is `now + horizon`.
+    horizon: Nanos,
+    /// How far ahead of `now` bookings may push the meter: 3/2 of the
+    /// horizon (see the module doc).
+    booking_bound: Nanos,
+    /// The over-commit bound: the meter never runs further than this
+    /// ahead of `now` (twice the horizon, see the module doc).
+    overcommit: Nanos,
+    /// What one success deposit moves the meter back.
+    deposit: Nanos,
+    /// The configuration, for the weights of new tenants.
+    config: BucketConfig,
+    /// The time at which the refill has paid for every token taken.
+    meter: Nanos,
+    /// The tenants and their slots.
+    tenants: Tenants,
+}
+
+impl FairShares {
+    /// A full bucket at time zero.
+    ///
+    /// # Errors
+    /// The [`BucketConfigError`] of an invalid configuration.
+    pub fn new(config: &BucketConfig) -> Result<Self, BucketConfigError> {
+        config.validate()?;
+        // Validated: rate within [MIN_RATE, MAX_RATE], so the interval is
+        // between 1 µs and 1000 s.
+        let token = (1e9 / config.rate).round() as Nanos;
+        let horizon = nanos(Duration::from_millis(config.max_reservation_ms));
+        let burst = token
+            .saturating_mul(Nanos::from(config.burst))
+            .min(NANOS_LIMIT);
+        Ok(Self {
+            token,
+            burst,
+            horizon,
+            booking_bound: horizon / 2 * 3,
+            overcommit: horizon.saturating_mul(2).min(NANOS_LIMIT),
+            deposit: (config.success_deposit * token as f64).min(NANOS_LIMIT as f64) as Nanos,
+            meter: -burst,
+            tenants: Tenants::new(config.max_tenants, config.default_weight),
+            config: config.clone(),
+        })
+    }
+
+    /// Takes a token for `tenant` now if its share or spare capacity allows,
+    /// without booking anything otherwise. The token can be returned with
+    /// [`FairShares::release`].
+    pub fn take(&mut self, tenant: &str, now: Duration) -> Option<Grant> {
+        self.grant_now(tenant, nanos(now)).ok()
+    }
+
+    /// Takes a token for `tenant` now, or books its next free slot if that
+    /// comes within `max_wait` and the horizon; a token granted here is
+    /// spent for good.
+    pub fn admit(&mut self, tenant: &str, now: Duration, max_wait: Duration) -> Admission {
+        let now = nanos(now);
+        match self.grant_now(tenant, now) {
+            Ok(_) => Admission::Granted,
+            Err(pending) => self.book(pending, now, nanos(max_wait)),
+        }
+    }
+
+    /// Gives back a token taken by [`FairShares::take`] and not used: to the
+    /// bucket, and to the tenant's share.
+    pub fn release(&mut self, grant: Grant, now: Duration) {
+        let now = nanos(now);
+        self.tenants.expire(now);
+        self.refill(now);
+        self.meter = (self.meter - self.token).max(now - self.burst);
+        let i = grant.index;
+        if self.tenants.get(i).generation != grant.generation {
+            return; // evicted meanwhile: its share is gone already
+        }
+        let t = self.tenants.get_mut(i);
+        t.tokens = t.tokens.saturating_sub(1);
+        if grant.charged > 0 {
+            let next = t.next - grant.charged;
+            self.tenants.set_next(i, next, now);
+        }
+    }
+
+    /// Adds the configured `success_deposit` to the bucket (up to `burst`).
+    pub fn deposit_success(&mut self, now: Duration) {
+        let now = nanos(now);
+        self.refill(now);
+        self.meter = (self.meter - self.deposit).max(now - self.burst);
+    }
+
+    /// Tokens in the bucket at `now`; negative when it has promised tokens
+    /// the refill has not yet paid for.
+    pub fn level(&self, now: Duration) -> f64 {
+        let now = nanos(now);
+        (now - self.meter.max(now - self.burst)) as f64 / self.token as f64
+    }
+
+    /// Tenants tracked one by one (the overflow entry not counted).
+    pub fn tracked_tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// Each tracked tenant, the overflow entry first: its id, weight, and
+    /// tokens granted or booked less tokens returned.
+    pub fn tenants(&self) -> impl Iterator<Item = (&str, u32, u64)> {
+        self.tenants
+            .iter()
+            .map(|t| (t.name.as_ref(), t.weight, t.tokens))
+    }
+
+    /// The tracked id equal to `tenant`, shared rather than copied, or
+    /// `None` when `tenant` is not tracked on its own.
+    pub fn interned(&self, tenant: &str) -> Option<Arc<str>> {
+        self.tenants.interned(tenant)
+    }
+
+    /// The bucket never holds more than `burst`: time spent full is lost.
+    fn refill(&mut self, now: Nanos) {
+        self.meter = self.meter.max(now - self.burst);
+    }
+
+    /// Grants a token now if the tenant is within its share (and the meter
+    /// within its bound) or the bucket holds a spare one.
+    fn grant_now(&mut self, tenant: &str, now: Nanos) -> Result<Grant, Pending> {
+        self.tenants.expire(now);
+        self.refill(now);
+        let config = &self.config;
+        let index = self.tenants.lookup(tenant, |name| config.weight_of(name));
+        let t = self.tenants.get(index);
+        let (weight, next, generation) = (u64::from(t.weight), t.next, t.generation);
+        let backlogged = next > now;
+        let others = self.tenants.backlogged_weight() - if backlogged { weight } else { 0 };
+        let share = share_interval(self.token, others + weight, weight);
+        let within_bound = self.meter + self.token <= now + self.overcommit;
+
+        let charged = if !backlogged && within_bound {
+            self.tenants.set_next(index, now + share, now);
+            share
+        } else if backlogged && self.meter + self.token <= now {
+            0 // a spare token: nobody has a claim on it
+        } else {
+            return Err(Pending {
+                index,
+                next,
+                share,
+                others,
+            });
+        };
+        self.meter += self.token;
+        self.tenants.get_mut(index).tokens += 1;
+        Ok(Grant {
+            index,
+            generation,
+            charged,
+        })
+    }
+
+    /// Books the tenant's next free slot, or refuses.
+    fn book(&mut self, p: Pending, now: Nanos, max_wait: Nanos) -> Admission {
+        let room = now + self.booking_bound;
+        // Not granted although within the over-commit bound: backlogged, so
+        // the slot is in the future.
+        let (earliest, reason) = if self.meter + self.token > room {
+            (
+                now + (self.meter + self.token - room),
+                GLOBAL_CAPACITY_EXHAUSTED,
+            )
+        } else if p.next - now > self.horizon {
+            (p.next - self.horizon, TENANT_BACKLOG_FULL)
+        } else {
+            let wait = p.next - now;
+            let reason = if p.others > 0 {
+                TENANT_SHARE_EXHAUSTED
+            } else {
+                GLOBAL_CAPACITY_EXHAUSTED
+            };
+            if wait > max_wait {
+                return Admission::Refused {
+                    retry_after: duration(wait),
+                    reason: past_max_wait(max_wait, reason),
+                };
+            }
+            self.meter += self.token;
+            self.tenants.get_mut(p.index).tokens += 1;
+            self.tenants.set_next(p.index, p.next + p.share, now);
+            return Admission::Deferred {
+                wait: duration(wait),
+                reason,
+            };
+        };
+        // Refused: the request takes the next turn in the tenant's queue of
+        // refused requests, one share interval after the previous one, so it
+        // comes back about when a slot can be booked for it (and not with
+        // the others).
+        let t = self.tenants.get_mut(p.index);
+        let turn = t.refused_until.max(earliest);
+        let retry_after = turn - now;
+        if retry_after > max_wait {
+            // It will not come back: it takes no turn.
+            return Admission::Refused {
+                retry_after: duration(retry_after),
+                reason: past_max_wait(max_wait, reason),
+            };
+        }
+        t.refused_until = turn.saturating_add(p.share);
+        Admission::Refused {
+            retry_after: duration(retry_after),
+            reason,
+        }
+    }
+}
+
+/// The reason of a refusal because the slot comes later than `max_wait`: a
+/// caller that cannot wait at all (0, the stateless pure form) is told why
+/// there is no token now, not that it cannot wait.
+fn past_max_wait(max_wait: Nanos, reason: &'static str) -> &'static str {
+    if max_wait == 0 {
+        reason
+    } else {
+        RESERVATION_PAST_MAX_WAIT
+    }
+}
+
+/// `token * total / weight`, clamped (u128 arithmetic: no overflow).
+fn share_interval(token: Nanos, total: u64, weight: u64) -> Nanos {
+    let share = token as u128 * u128::from(total) / u128::from(weight.max(1));
+    share.min(NANOS_LIMIT as u128) as Nanos
+}
+
+fn nanos(d: Duration) -> Nanos {
+    d.as_nanos().min(NANOS_LIMIT as u128) as Nanos
+}
+
+fn duration(n: Nanos) -> Duration {
+    Duration::from_nanos(n.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests;

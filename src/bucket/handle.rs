@@ -1,0 +1,150 @@
+//! [`FairBucket`]: the algorithm behind a lock, with a clock and counters,
+//! cheap to clone and share between the layer, the handler and metrics.
+//!
+//! # The clock
+//! The bucket reads `tokio::time::Instant`, relative to the instant it was
+//! built, and reads it while holding its lock, so the times the algorithm
+//! sees never go backwards. Tests pause tokio time and advance it; nothing
+//! sleeps. The handler never needs the bucket's time: a deferral is
+//! answered as a wait, which the handler adds to its own clock.
+//!
+//! # The lock
+//! One `std::sync::Mutex` around [`FairShares`]: every operation is a few
+//! comparisons and at most a heap update (O(log tenants)), with no I/O and
+//! no `.await` inside, so a plain mutex held for well under a microsecond
+//! is cheaper than anything cleverer.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::{BucketConfig, BucketConfigError};
+use super::fair::{Admission, FairShares, Grant};
+use super::permit::PermitSlot;
+use super::stats::{BucketStats, Counters, TenantStats};
+
+/// The shared retry-token bucket. Clones share one bucket.
+#[derive(Clone)]
+pub struct FairBucket {
+    /// The bucket, its clock and its counters.
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The algorithm's state.
+    shares: Mutex<FairShares>,
+    /// Time zero of the algorithm's clock.
+    epoch: Instant,
+    /// Counters for metrics, outside the lock.
+    counters: Counters,
+}
+
+impl FairBucket {
+    /// A full bucket, its clock starting now.
+    ///
+    /// # Errors
+    /// The [`BucketConfigError`] of an invalid configuration.
+    pub fn new(config: &BucketConfig) -> Result<Self, BucketConfigError> {
+        Ok(Self {
+            shared: Arc::new(Shared {
+                shares: Mutex::new(FairShares::new(config)?),
+                epoch: Instant::now(),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// Time since the bucket was built, on tokio's clock.
+    pub fn now(&self) -> Duration {
+        self.shared.epoch.elapsed()
+    }
+
+    /// Takes a token for `tenant` now if its share allows, and wraps the
+    /// outcome in a [`PermitSlot`] for the handler. Never books a slot:
+    /// that waits until the handler knows the request is a retry.
+    pub fn acquire(&self, tenant: &str) -> PermitSlot {
+        let (name, grant) = {
+            let mut shares = self.lock();
+            let grant = shares.take(tenant, self.now());
+            (shares.interned(tenant), grant)
+        };
+        if grant.is_some() {
+            self.shared.counters.taken();
+        }
+        // A tenant past the bound is not interned: its id is copied.
+        let name = name.unwrap_or_else(|| Arc::from(tenant));
+        PermitSlot::new(self.clone(), name, grant)
+    }
+
+    /// A token for `tenant` now, spent for good, or its next slot booked:
+    /// [`FairShares::admit`] without a limit on the wait.
+    pub fn admit(&self, tenant: &str) -> Admission {
+        self.admit_within(tenant, Duration::MAX)
+    }
+
+    /// A token for `tenant` now, spent for good, or its next slot booked if
+    /// it comes within `max_wait`.
+    pub fn admit_within(&self, tenant: &str, max_wait: Duration) -> Admission {
+        let admission = {
+            let mut shares = self.lock();
+            shares.admit(tenant, self.now(), max_wait)
+        };
+        self.shared.counters.admission(&admission);
+        admission
+    }
+
+    /// Adds the configured success deposit to the bucket: call it for every
+    /// recorded success (a no-op when `success_deposit` is 0).
+    pub fn deposit_success(&self) {
+        self.lock().deposit_success(self.now());
+        self.shared.counters.deposit();
+    }
+
+    /// The counters, the bucket's level and each tracked tenant's tokens.
+    pub fn stats(&self) -> BucketStats {
+        let mut stats = self.shared.counters.snapshot();
+        let shares = self.lock();
+        stats.level = shares.level(self.now());
+        stats.tracked_tenants = shares.tracked_tenants();
+        stats.tenants = shares
+            .tenants()
+            .map(|(tenant, weight, tokens)| TenantStats {
+                tenant: tenant.to_owned(),
+                weight,
+                tokens,
+            })
+            .collect();
+        stats
+    }
+
+    /// Returns a held token unused.
+    pub(super) fn release(&self, grant: Grant) {
+        self.lock().release(grant, self.now());
+        self.shared.counters.returned();
+    }
+
+    /// Counts a held token committed.
+    pub(super) fn committed(&self) {
+        self.shared.counters.committed();
+    }
+
+    /// The state. A panic while it was held cannot leave it half-changed
+    /// (the algorithm has no panicking path between two writes), so a
+    /// poisoned lock is taken as it is.
+    fn lock(&self) -> MutexGuard<'_, FairShares> {
+        self.shared
+            .shares
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl fmt::Debug for FairBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FairBucket")
+            .field("now", &self.now())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,29 @@
+//! [`RetryTokenLayer`]: wraps a service (the tonic server's routes) in
+//! [`RetryToken`], so every `NextAction` request carries a retry permit.
+
+use tower::Layer;
+
+use super::handle::FairBucket;
+use super::service::RetryToken;
+
+/// Builds [`RetryToken`] services that share one bucket.
+#[derive(Debug, Clone)]
+pub struct RetryTokenLayer {
+    /// The bucket every wrapped service takes tokens from.
+    bucket: FairBucket,
+}
+
+impl RetryTokenLayer {
+    /// A layer taking tokens from `bucket`.
+    pub fn new(bucket: FairBucket) -> Self {
+        Self { bucket }
+    }
+}
+
+impl<S> Layer<S> for RetryTokenLayer {
+    type Service = RetryToken<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RetryToken::new(inner, self.bucket.clone())
+    }
+}

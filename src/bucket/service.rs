@@ -1,0 +1,102 @@
+//! [`RetryToken`]: the middleware that gives each `NextAction` request a
+//! [`PermitSlot`], without decoding its body.
+//!
+//! # What it reads
+//! Only the request's path and its `x-tenant-id` header: the decision
+//! whether the request is a retry needs the body and the stored activity,
+//! which are the handler's. So the layer takes a token *if the tenant's
+//! share has one free now* and lets the handler commit it or not; it never
+//! waits and never refuses a request (a deferral is an answer the handler
+//! gives, not an error of the transport). That is also why, unlike tower's
+//! rate limits, nothing is reserved in `poll_ready`: the tenant is known
+//! only in `call`.
+//!
+//! # Tenants
+//! An absent or empty header is the [`DEFAULT_TENANT`]. A header that is
+//! not a valid tenant id (1 to 128 printable ASCII characters) gets no
+//! permit at all: the handler rejects the request with `INVALID_ARGUMENT`,
+//! and the bucket never tracks an id made of garbage.
+
+use std::task::{Context, Poll};
+
+use http::HeaderMap;
+use tower::Service;
+
+use super::config::is_valid_tenant;
+use super::handle::FairBucket;
+#[cfg(doc)]
+use super::permit::PermitSlot;
+
+/// The one method whose requests take retry tokens.
+pub const NEXT_ACTION_PATH: &str = "/retrybudget.v1.RetryBudget/NextAction";
+/// The request header that names the tenant.
+pub const TENANT_HEADER: &str = "x-tenant-id";
+pub use crate::budget::activity::DEFAULT_TENANT;
+
+/// Inserts a [`PermitSlot`] into the extensions of every `NextAction`
+/// request with a valid tenant; passes everything else through untouched.
+#[derive(Debug, Clone)]
+pub struct RetryToken<S> {
+    /// The wrapped service.
+    inner: S,
+    /// Where tokens come from.
+    bucket: FairBucket,
+}
+
+impl<S> RetryToken<S> {
+    /// Wraps `inner`, taking tokens from `bucket`.
+    pub fn new(inner: S, bucket: FairBucket) -> Self {
+        Self { inner, bucket }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for RetryToken<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let slot = if request.uri().path() == NEXT_ACTION_PATH {
+            tenant(request.headers()).map(|tenant| self.bucket.acquire(tenant))
+        } else {
+            None
+        };
+        if let Some(slot) = slot {
+            request.extensions_mut().insert(slot);
+        }
+        self.inner.call(request)
+    }
+}
+
+/// The tenant a request names, or `None` for an invalid id.
+fn tenant(headers: &HeaderMap) -> Option<&str> {
+    let Some(value) = headers.get(TENANT_HEADER) else {
+        return Some(DEFAULT_TENANT);
+    };
+    if value.is_empty() {
+        return Some(DEFAULT_TENANT);
+    }
+    std::str::from_utf8(value.as_bytes())
+        .ok()
+        .filter(|t| is_valid_tenant(t))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! Counters of the bucket, for metrics: atomics bumped on the request path
+//! (no lock of their own), read together by [`FairBucket::stats`].
+//!
+//! [`FairBucket::stats`]: super::FairBucket::stats
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::{Admission, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED};
+
+/// A snapshot of the bucket's counters, all since it was built.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BucketStats {
+    /// Tokens the layer took and held for a request.
+    pub taken: u64,
+    /// Tokens spent for good: a held token committed, or a token granted
+    /// at commit time.
+    pub granted: u64,
+    /// Held tokens returned unused (the request did not retry).
+    pub returned: u64,
+    /// Success deposits made.
+    pub deposits: u64,
+    /// Deferrals that booked a slot: the tenant had used its share.
+    pub deferred_tenant_share: u64,
+    /// Deferrals that booked a slot: the whole bucket was empty.
+    pub deferred_global_capacity: u64,
+    /// Refusals, nothing booked: the tenant's slots reach the horizon.
+    pub refused_tenant_backlog: u64,
+    /// Refusals, nothing booked: the bucket promised as far as it may.
+    pub refused_global_capacity: u64,
+    /// Refusals, nothing booked: the slot came after the caller's limit.
+    pub refused_past_max_wait: u64,
+    /// Tokens in the bucket now; negative when promised ahead.
+    pub level: f64,
+    /// Tenants tracked one by one.
+    pub tracked_tenants: usize,
+    /// Each tracked tenant (and the overflow entry), with its tokens.
+    pub tenants: Vec<TenantStats>,
+}
+
+/// One tenant's tokens. Reset when an idle tenant is evicted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantStats {
+    /// Its id ([`OVERFLOW_TENANT`](super::OVERFLOW_TENANT) for the shared
+    /// entry of tenants past the bound).
+    pub tenant: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Tokens granted or booked, less tokens returned.
+    pub tokens: u64,
+}
+
+/// The live counters.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    taken: AtomicU64,
+    granted: AtomicU64,
+    returned: AtomicU64,
+    deposits: AtomicU64,
+    deferred_tenant_share: AtomicU64,
+    deferred_global_capacity: AtomicU64,
+    refused_tenant_backlog: AtomicU64,
+    refused_global_capacity: AtomicU64,
+    refused_past_max_wait: AtomicU64,
+}
+
+impl Counters {
+    pub fn taken(&self) {
+        self.taken.fetch_add(1, Relaxed);
+    }
+
+    pub fn returned(&self) {
+        self.returned.fetch_add(1, Relaxed);
+    }
+
+    pub fn deposit(&self) {
+        self.deposits.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a committed held token as granted.
+    pub fn committed(&self) {
+        self.granted.fetch_add(1, Relaxed);
+    }
+
+    /// Counts an admission under its outcome and reason.
+    pub fn admission(&self, admission: &Admission) {
+        let counter = match admission {
+            Admission::Granted => &self.granted,
+            Admission::Deferred { reason, .. } => match *reason {
+                TENANT_SHARE_EXHAUSTED => &self.deferred_tenant_share,
+                _ => &self.deferred_global_capacity,
+            },
+            Admission::Refused { reason, .. } => match *reason {
+                TENANT_BACKLOG_FULL => &self.refused_tenant_backlog,
+                RESERVATION_PAST_MAX_WAIT => &self.refused_past_max_wait,
+                _ => &self.refused_global_capacity,
+            },
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// The counters, into a snapshot whose other fields the caller fills.
+    pub fn snapshot(&self) -> BucketStats {
+        BucketStats {
+            taken: self.taken.load(Relaxed),
+            granted: self.granted.load(Relaxed),
+            returned: self.returned.load(Relaxed),
+            deposits: self.deposits.load(Relaxed),
+            deferred_tenant_share: self.deferred_tenant_share.load(Relaxed),
+            deferred_global_capacity: self.deferred_global_capacity.load(Relaxed),
+            refused_tenant_backlog: self.refused_tenant_backlog.load(Relaxed),
+            refused_global_capacity: self.refused_global_capacity.load(Relaxed),
+            refused_past_max_wait: self.refused_past_max_wait.load(Relaxed),
+            ..BucketStats::default()
+        }
+    }
+}

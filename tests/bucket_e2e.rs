@@ -1,0 +1,275 @@
+//! The global retry-token bucket through the real server: fair shares
+//! between tenants on concurrent clients, and deferrals that book a slot,
+//! repeat without touching the bucket, never consume an attempt, and turn
+//! into deadline_exceeded when the slot comes too late.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{TestServer, ms, pb, report, ts, with_tenant};
+use retry_budget::clock::now_ms;
+
+fn pure(attempts: u32) -> pb::NextActionRequest {
+    pb::NextActionRequest {
+        budget: Some(pb::Budget {
+            attempts,
+            max_attempts: 1000,
+            elapsed: 0,
+            deadline: 3600,
+        }),
+        error_class: pb::ErrorClass::Transient as i32,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_saturated_tenants_get_their_weighted_shares_through_the_server() {
+    let server = TestServer::start_with(|c| {
+        c.bucket.rate = 40.0;
+        c.bucket.burst = 1;
+        c.bucket.weights.insert("gold".into(), 2);
+    })
+    .await;
+    let run = Duration::from_secs(4);
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for tenant in ["gold", "silver", "bronze"] {
+        // Four workers a tenant, each retrying as soon as it is told it may.
+        for _ in 0..4 {
+            let mut client = server.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut granted = 0u32;
+                while started.elapsed() < run {
+                    let r = client
+                        .next_action(with_tenant(pure(1), tenant))
+                        .await
+                        .expect("answered")
+                        .into_inner();
+                    if r.code == "schedule_retry" {
+                        assert!(r.token_taken);
+                        granted += 1;
+                    } else {
+                        assert_eq!(r.code, "deferred");
+                        assert!(!r.defer_reason.is_empty());
+                        // Wait as told: no busy loop.
+                        let wait = ms(r.not_before.as_ref().unwrap()) - now_ms();
+                        let wait = Duration::from_millis(wait.clamp(1, 1000) as u64);
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+                (tenant, granted)
+            }));
+        }
+    }
+    let mut grants: HashMap<&str, u32> = HashMap::new();
+    for t in tasks {
+        let (tenant, n) = t.await.unwrap();
+        *grants.entry(tenant).or_default() += n;
+    }
+    let total: u32 = grants.values().sum();
+    let share = |t: &str| f64::from(grants[t]) / f64::from(total);
+    eprintln!("grants {grants:?} of {total}");
+    // 40/s for 4 s: about 160 tokens, split 2:1:1.
+    assert!((120..=200).contains(&total), "total {total}");
+    assert!((share("gold") - 0.5).abs() < 0.08, "{grants:?}");
+    assert!((share("silver") - 0.25).abs() < 0.08, "{grants:?}");
+    assert!((share("bronze") - 0.25).abs() < 0.08, "{grants:?}");
+}
+
+fn durable(id: &str, attempt: u32, deadline_seconds: u64) -> pb::NextActionRequest {
+    let mut r = report(id, attempt, pb::ErrorClass::Transient);
+    r.policy = Some(pb::Policy {
+        max_attempts: 10,
+        deadline_seconds,
+        base: Some(0),
+        cap: Some(0),
+    });
+    r.occurred_at = Some(ts(now_ms()));
+    r
+}
+
+#[tokio::test]
+async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt() {
+    // One token a second, one in the bucket.
+    let server = TestServer::start_with(|c| {
+        c.bucket.rate = 1.0;
+        c.bucket.burst = 1;
+    })
+    .await;
+    let mut client = server.client().await;
+    let first = client
+        .next_action(durable("first", 1, 3600))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.code, "schedule_retry");
+    assert!(first.token_taken);
+
+    // The bucket is empty: the next retry is deferred to a booked slot.
+    let b = client
+        .next_action(durable("b", 1, 3600))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(b.code, "deferred");
+    assert_eq!(b.action, pb::Action::Deferred as i32);
+    assert_eq!(b.defer_reason, "global_capacity_exhausted");
+    assert!(b.token_taken, "a slot is booked for it");
+    let b_at = ms(b.not_before.as_ref().unwrap());
+    assert!(b_at > now_ms());
+    let activity = client
+        .get_activity(pb::GetActivityRequest {
+            activity_id: "b".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(activity.attempts, 0, "a deferral consumes no attempt");
+    assert_eq!(activity.events[0].code, "deferred");
+    assert_eq!(activity.reservation_not_before, b.not_before);
+
+    // Asked again early: the same deferral, and the bucket is not touched:
+    // the next activity's slot is one interval after b's, not two.
+    for _ in 0..3 {
+        let again = client
+            .next_action(durable("b", 1, 3600))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(again.replayed);
+        assert_eq!(
+            (again.code.as_str(), again.not_before),
+            ("deferred", b.not_before)
+        );
+    }
+    let c = client
+        .next_action(durable("c", 1, 3600))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(c.code, "deferred");
+    let gap = ms(c.not_before.as_ref().unwrap()) - b_at;
+    assert!(
+        (900..=1100).contains(&gap),
+        "slots one second apart, got {gap} ms"
+    );
+
+    // At its slot, b's retry is granted from the booking.
+    tokio::time::sleep(Duration::from_millis((b_at - now_ms()).max(0) as u64 + 20)).await;
+    let granted = client
+        .next_action(durable("b", 1, 3600))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(granted.code, "schedule_retry");
+    assert!(granted.token_taken && !granted.replayed);
+    assert!(granted.reason.contains("booked"), "{}", granted.reason);
+    let activity = client
+        .get_activity(pb::GetActivityRequest {
+            activity_id: "b".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(activity.attempts, 1);
+    assert!(activity.reservation_not_before.is_none());
+}
+
+#[tokio::test]
+async fn a_slot_past_the_deadline_is_deadline_exceeded_and_a_dry_run_takes_nothing() {
+    let server = TestServer::start_with(|c| {
+        c.bucket.rate = 0.5;
+        c.bucket.burst = 1;
+    })
+    .await;
+    let mut client = server.client().await;
+    let first = client
+        .next_action(durable("first", 1, 3600))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.code, "schedule_retry");
+
+    // A dry run of a retry with an empty bucket: what a report would get,
+    // without taking or writing anything.
+    let mut dry = durable("dry", 1, 3600);
+    dry.dry_run = true;
+    let r = client.next_action(dry).await.unwrap().into_inner();
+    assert!(r.dry_run);
+    assert_eq!(r.code, "schedule_retry");
+    assert!(!r.token_taken);
+    let missing = client
+        .get_activity(pb::GetActivityRequest {
+            activity_id: "dry".into(),
+        })
+        .await
+        .expect_err("a dry run writes nothing");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
+    // The next slot is 2 s away; a deadline of 1 s cannot wait for it.
+    let late = client
+        .next_action(durable("late", 1, 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(late.code, "deadline_exceeded");
+    assert!(!late.token_taken);
+    assert!(late.reason.contains("deadline"), "{}", late.reason);
+
+    // The pure form remembers nothing: its deferral books nothing.
+    let pure = client.next_action(pure(1)).await.unwrap().into_inner();
+    assert_eq!(pure.code, "deferred");
+    assert!(!pure.token_taken);
+    assert!(pure.not_before.is_some());
+}
+
+#[tokio::test]
+async fn each_success_earns_its_deposit_once() {
+    // A slow refill (one token in 2 s, longer than this test): only
+    // successes put tokens back.
+    let server = TestServer::start_with(|c| {
+        c.bucket.rate = 0.5;
+        c.bucket.burst = 1;
+        c.bucket.success_deposit = 1.0;
+    })
+    .await;
+    let mut client = server.client().await;
+    let code = |r: pb::NextActionResponse| r.code;
+    let first = client.next_action(durable("s-1", 1, 3600)).await.unwrap();
+    assert_eq!(code(first.into_inner()), "schedule_retry");
+    let dry = client.next_action(pure(1)).await.unwrap();
+    assert_eq!(code(dry.into_inner()), "deferred", "the bucket is empty");
+
+    let success = || pb::RecordSuccessRequest {
+        activity_id: "s-1".into(),
+        occurred_at: None,
+    };
+    assert!(
+        client
+            .record_success(success())
+            .await
+            .unwrap()
+            .into_inner()
+            .changed
+    );
+    let earned = client.next_action(pure(1)).await.unwrap();
+    assert_eq!(
+        code(earned.into_inner()),
+        "schedule_retry",
+        "the deposit paid it"
+    );
+
+    // Recording the same success again deposits nothing.
+    assert!(
+        !client
+            .record_success(success())
+            .await
+            .unwrap()
+            .into_inner()
+            .changed
+    );
+    let again = client.next_action(pure(1)).await.unwrap();
+    assert_eq!(code(again.into_inner()), "deferred");
+}

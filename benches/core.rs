@@ -10,13 +10,16 @@
 //!   decision does once each way.
 //! - `redb_load`: loading a record from the embedded store (10k stored).
 //! - `classify`, `hint`: failure classification and hint normalisation.
-//! - token-bucket admission: see the marked place at the end.
+//! - `bucket`: token-bucket admission, as the tower layer pays it on every
+//!   `NextAction`, and the fair-share algorithm alone.
 
 #![forbid(unsafe_code)]
 
 use std::hint::black_box;
+use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use retry_budget::bucket::{BucketConfig, FairBucket, FairShares};
 use retry_budget::budget::activity::{
     self, ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report,
 };
@@ -37,6 +40,14 @@ fn policy() -> Policy {
     }
 }
 
+fn defaults() -> Defaults {
+    Defaults {
+        policy: policy(),
+        // The server's default cap on hinted delays (1 h).
+        max_hint_ms: 3_600_000,
+    }
+}
+
 fn key(id: &str) -> ActivityKey {
     ActivityKey {
         tenant: "bench".into(),
@@ -48,6 +59,8 @@ fn report(attempt: u32, occurred_at_ms: i64) -> Report<'static> {
     Report {
         attempt,
         class: ErrorClass::Transient,
+        rule: None,
+        hints: None,
         policy: Some(policy()),
         occurred_at_ms: Some(occurred_at_ms),
         workflow_id: "",
@@ -57,7 +70,7 @@ fn report(attempt: u32, occurred_at_ms: i64) -> Report<'static> {
 /// The record of `id` after `attempts` transient failures, each reported
 /// at the previous retry's `not_before`, as the durable path builds it.
 fn record_with(id: &str, attempts: u32) -> ActivityRecord {
-    let defaults = Defaults { policy: policy() };
+    let defaults = defaults();
     let key = key(id);
     let mut record = None;
     let mut at = T0_MS;
@@ -101,7 +114,7 @@ fn action(c: &mut Criterion) {
 }
 
 fn plan(c: &mut Criterion) {
-    let defaults = Defaults { policy: policy() };
+    let defaults = defaults();
     let record = record_with("charge-42", 4);
     let key = key("charge-42");
     let next_at = record
@@ -235,18 +248,36 @@ fn hints(c: &mut Criterion) {
     group.finish();
 }
 
-// ---------------------------------------------------------------------------
-// TOKEN-BUCKET ADMISSION: add here once `retry_budget::bucket` is exported
-// from src/lib.rs (it is commented out there for now). A sketch, against the
-// API in progress (`FairBucket::new(&BucketConfig)`, `admit(tenant)`):
-//
-//     fn bucket(c: &mut Criterion) {
-//         let bucket = FairBucket::new(&BucketConfig::default()).expect("valid defaults");
-//         c.bench_function("bucket_admit", |b| b.iter(|| bucket.admit(black_box("bench"))));
-//     }
-//
-// and add `bucket` to `criterion_group!` below.
-// ---------------------------------------------------------------------------
+/// A bucket that never runs dry at these rates, so every call measures
+/// the granting path.
+fn roomy_bucket() -> BucketConfig {
+    BucketConfig {
+        rate: 1_000_000.0,
+        burst: 1_000_000,
+        ..BucketConfig::default()
+    }
+}
+
+fn bucket(c: &mut Criterion) {
+    let mut group = c.benchmark_group("bucket");
+    // What the tower layer does for every NextAction that is not a retry:
+    // take a token for the tenant and give it back unused.
+    let shared = FairBucket::new(&roomy_bucket()).expect("a valid bucket configuration");
+    group.bench_function("acquire_unused", |b| {
+        b.iter(|| drop(shared.acquire(black_box("bench"))))
+    });
+    // The pure algorithm: a token spent for good, the clock advancing at
+    // the refill rate so the bucket stays full.
+    let mut shares = FairShares::new(&roomy_bucket()).expect("a valid bucket configuration");
+    let mut now = Duration::ZERO;
+    group.bench_function("admit_granted", |b| {
+        b.iter(|| {
+            now += Duration::from_micros(1);
+            shares.admit(black_box("bench"), now, Duration::MAX)
+        })
+    });
+    group.finish();
+}
 
 criterion_group!(
     benches,
@@ -256,6 +287,7 @@ criterion_group!(
     json,
     redb_load,
     classification,
-    hints
+    hints,
+    bucket
 );
 criterion_main!(benches);

@@ -35,6 +35,10 @@ use tonic::transport::Channel;
 use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, now};
 use crate::{Args, LoadgenError};
 
+/// The server's default cap on hinted delays (1 h); preloaded reports carry
+/// no hint, so it only fills the field.
+const MAX_HINT_MS: u64 = 3_600_000;
+
 /// Reports in flight at once on the offline path: enough to fill the
 /// writer's batches (1024 by default).
 const OFFLINE_CONCURRENCY: usize = 4096;
@@ -80,6 +84,7 @@ pub async fn offline(
         .map_err(|e| LoadgenError::Preload(e.to_string()))?;
     let defaults = Defaults {
         policy: generous_policy(),
+        max_hint_ms: MAX_HINT_MS,
     };
     let ledger = Arc::new(Ledger::new(store, defaults));
     let next = Arc::new(AtomicU64::new(0));
@@ -102,12 +107,14 @@ pub async fn offline(
                 let report = Report {
                     attempt: 1,
                     class: ErrorClass::Transient,
+                    rule: None,
+                    hints: None,
                     policy: Some(generous_policy()),
                     occurred_at_ms: Some(now_ms),
                     workflow_id: "",
                 };
                 ledger
-                    .report(&key, &report, Unlimited, now_ms)
+                    .report(&key, &report, Unlimited, now_ms, false)
                     .await
                     .map_err(|e| format!("{}: {e}", key.activity_id))?;
             }

@@ -80,6 +80,7 @@ pub async fn offline(
         .map_err(|e| LoadgenError::Preload(e.to_string()))?;
     let defaults = Defaults {
         policy: generous_policy(),
+        max_hint_ms: 3_600_000,
     };
     let ledger = Arc::new(Ledger::new(store, defaults));
     let next = Arc::new(AtomicU64::new(0));
@@ -102,12 +103,14 @@ pub async fn offline(
                 let report = Report {
                     attempt: 1,
                     class: ErrorClass::Transient,
+                    rule: None,
+                    hints: None,
                     policy: Some(generous_policy()),
                     occurred_at_ms: Some(now_ms),
                     workflow_id: "",
                 };
                 ledger
-                    .report(&key, &report, Unlimited, now_ms)
+                    .report(&key, &report, Unlimited, now_ms, false)
                     .await
                     .map_err(|e| format!("{}: {e}", key.activity_id))?;
             }

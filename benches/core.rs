@@ -48,6 +48,8 @@ fn report(attempt: u32, occurred_at_ms: i64) -> Report<'static> {
     Report {
         attempt,
         class: ErrorClass::Transient,
+        rule: None,
+        hints: None,
         policy: Some(policy()),
         occurred_at_ms: Some(occurred_at_ms),
         workflow_id: "",
@@ -57,7 +59,10 @@ fn report(attempt: u32, occurred_at_ms: i64) -> Report<'static> {
 /// The record of `id` after `attempts` transient failures, each reported
 /// at the previous retry's `not_before`, as the durable path builds it.
 fn record_with(id: &str, attempts: u32) -> ActivityRecord {
-    let defaults = Defaults { policy: policy() };
+    let defaults = Defaults {
+        policy: policy(),
+        max_hint_ms: 3_600_000,
+    };
     let key = key(id);
     let mut record = None;
     let mut at = T0_MS;
@@ -101,7 +106,10 @@ fn action(c: &mut Criterion) {
 }
 
 fn plan(c: &mut Criterion) {
-    let defaults = Defaults { policy: policy() };
+    let defaults = Defaults {
+        policy: policy(),
+        max_hint_ms: 3_600_000,
+    };
     let record = record_with("charge-42", 4);
     let key = key("charge-42");
     let next_at = record

@@ -136,7 +136,7 @@ start_server() { # label data-dir [server flags...]
   PORT=$((PORT + 1))
   SERVER_LOG="$WORK/server-$PORT.log"
   RUST_LOG=info "${SERVER_CPU[@]}" "$SERVER" --listen "127.0.0.1:$PORT" --data-dir "$dir" \
-    --drain-delay 0s "$@" 2>"$SERVER_LOG" &
+    --drain-delay 0s --retry-rate 1000000 --retry-burst 1000000 "$@" 2>"$SERVER_LOG" &
   SERVER_PID=$!
   local i
   for i in $(seq 1 100); do

@@ -147,6 +147,9 @@ def main():
     for s in scenarios:
         report = json.load(open(os.path.join(d, s + ".json")))
         requests = report["requests"]
+        if not requests:
+            print(f"\n== {s}: no successful request in the window ({report.get('error_codes')}); skipped")
+            continue
         total, self_cost, by_function = parse(os.path.join(d, s + ".callgrind"))
         groups = defaultdict(int)
         per_function = defaultdict(int)

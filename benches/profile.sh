@@ -9,7 +9,9 @@
 # connections); the counters are zeroed when the warm-up ends and dumped
 # when the window ends, so the dump and the generator's request count cover
 # the same window. benches/callgrind_summary.py then prints instructions per
-# request, by crate and for the functions that matter.
+# request, by crate and for the functions that matter. As in run.sh, the
+# retry bucket is too large to defer: the profile is of decisions, with the
+# cost of taking a token included.
 #
 # Instructions, not time: the counts do not depend on what else the machine
 # runs, which makes them the figures to trust on a shared 2-core box. They
@@ -58,7 +60,7 @@ for s in "${SCENARIOS[@]}"; do
   echo "profiling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
   "${PIN0[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/$s.%p" \
     "$SERVER" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data-$s" --drain-delay 0s \
-    2>"$OUT/$s.server.log" &
+    --retry-rate 1000000 --retry-burst 1000000 2>"$OUT/$s.server.log" &
   PID=$!
   for _ in $(seq 1 300); do
     grep -q 'serving' "$OUT/$s.server.log" && break

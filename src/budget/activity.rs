@@ -429,10 +429,7 @@ pub struct ActivityRecord {
     /// A slot booked by a deferral, if one is pending.
     #[serde(default)]
     pub reservation: Option<Reservation>,
-    /// Every decision and transition, oldest first. Not part of the
-    /// record's serialized head: stores keep events apart, append-only, so a
-    /// decision writes one event, not the whole history again.
-    #[serde(default, skip_serializing)]
+    /// Every decision and transition, oldest first.
     pub events: Vec<Event>,
 }
 

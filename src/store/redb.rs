@@ -16,11 +16,8 @@
 //! fsync a decision), kept as a benchmark baseline.
 //!
 //! # Layout
-//! - `activities`: `(tenant, activity_id)` -> the record's head as JSON
-//!   (readable with any redb tool, and tolerant of fields added later);
-//! - `events`: `(tenant, activity_id, seq)` -> one event as JSON, append-only:
-//!   a decision writes its head and its one new event, never the history
-//!   again, so its cost does not grow with the activity's attempts;
+//! - `activities`: `(tenant, activity_id)` -> the record as JSON (readable
+//!   with any redb tool, and tolerant of fields added later);
 //! - `purge_index`: `(purgeable_from_ms, tenant, activity_id)` -> `()`, so the
 //!   retention sweeper finds expired records without scanning them all.
 
@@ -36,7 +33,6 @@ use super::{Store, StoreError};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
 
 const ACTIVITIES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("activities");
-const EVENTS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("events");
 const PURGE_INDEX: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("purge_index");
 
 /// The file name of the database inside the data directory.
@@ -69,8 +65,6 @@ impl RedbStoreOptions {
 struct Write {
     key: ActivityKey,
     value: Vec<u8>,
-    /// The events not stored yet, with their sequence numbers.
-    new_events: Vec<(u32, Vec<u8>)>,
     old_purge: Option<i64>,
     new_purge: Option<i64>,
     done: oneshot::Sender<Result<(), String>>,
@@ -140,7 +134,6 @@ impl RedbStore {
             .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
         let txn = db.begin_write().map_err(backend)?;
         txn.open_table(ACTIVITIES).map_err(backend)?;
-        txn.open_table(EVENTS).map_err(backend)?;
         txn.open_table(PURGE_INDEX).map_err(backend)?;
         txn.commit().map_err(backend)?;
         let db = Arc::new(db);
@@ -211,14 +204,10 @@ impl Writer {
         let txn = self.db.begin_write()?;
         {
             let mut activities = txn.open_table(ACTIVITIES)?;
-            let mut events = txn.open_table(EVENTS)?;
             let mut index = txn.open_table(PURGE_INDEX)?;
             for w in batch {
                 let (tenant, id) = (w.key.tenant.as_str(), w.key.activity_id.as_str());
                 activities.insert((tenant, id), w.value.as_slice())?;
-                for (seq, event) in &w.new_events {
-                    events.insert((tenant, id, *seq), event.as_slice())?;
-                }
                 if w.old_purge != w.new_purge {
                     if let Some(at) = w.old_purge {
                         index.remove((at, tenant, id))?;
@@ -236,28 +225,20 @@ impl Writer {
 
 impl Store for RedbStore {
     async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
-        let (tenant, id) = (key.tenant.as_str(), key.activity_id.as_str());
-        let corrupt = |e: serde_json::Error| StoreError::Corrupt {
-            key: format!("{tenant}/{id}"),
-            detail: e.to_string(),
-        };
         let txn = self.db.begin_read().map_err(backend)?;
         let table = txn.open_table(ACTIVITIES).map_err(backend)?;
-        let Some(value) = table.get((tenant, id)).map_err(backend)? else {
+        let Some(value) = table
+            .get((key.tenant.as_str(), key.activity_id.as_str()))
+            .map_err(backend)?
+        else {
             return Ok(None);
         };
-        let mut record: ActivityRecord = serde_json::from_slice(value.value()).map_err(corrupt)?;
-        let events = txn.open_table(EVENTS).map_err(backend)?;
-        for entry in events
-            .range((tenant, id, 0)..=(tenant, id, u32::MAX))
-            .map_err(backend)?
-        {
-            let (_, event) = entry.map_err(backend)?;
-            record
-                .events
-                .push(serde_json::from_slice(event.value()).map_err(corrupt)?);
-        }
-        Ok(Some(record))
+        serde_json::from_slice(value.value())
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                key: format!("{}/{}", key.tenant, key.activity_id),
+                detail: e.to_string(),
+            })
     }
 
     async fn save(
@@ -266,22 +247,10 @@ impl Store for RedbStore {
         previous: Option<&ActivityRecord>,
     ) -> Result<(), StoreError> {
         let value = serde_json::to_vec(record).map_err(backend)?;
-        let stored = previous.map_or(0, |p| p.events.len());
-        let new_events = record
-            .events
-            .iter()
-            .enumerate()
-            .skip(stored)
-            .map(|(seq, event)| {
-                let seq = u32::try_from(seq).map_err(backend)?;
-                Ok((seq, serde_json::to_vec(event).map_err(backend)?))
-            })
-            .collect::<Result<_, StoreError>>()?;
         let (done, acked) = oneshot::channel();
         let write = Write {
             key: record.key(),
             value,
-            new_events,
             old_purge: previous.and_then(ActivityRecord::purgeable_from_ms),
             new_purge: record.purgeable_from_ms(),
             done,
@@ -328,12 +297,9 @@ fn purge_blocking(db: &Database, cutoff_ms: i64, limit: usize) -> Result<usize, 
                 })
             })
             .collect::<Result<_, _>>()?;
-        let mut events = txn.open_table(EVENTS)?;
         for (at, tenant, id) in &expired {
-            let (tenant, id) = (tenant.as_str(), id.as_str());
-            index.remove((*at, tenant, id))?;
-            activities.remove((tenant, id))?;
-            events.retain_in((tenant, id, 0)..=(tenant, id, u32::MAX), |_, _| false)?;
+            index.remove((*at, tenant.as_str(), id.as_str()))?;
+            activities.remove((tenant.as_str(), id.as_str()))?;
             purged += 1;
         }
     }

@@ -6,9 +6,9 @@
 //!   pure `NextAction` computes both).
 //! - `activity_plan`: the durable state machine on a record that already
 //!   holds a few events: a fresh decision, and a replay.
-//! - `record_json`: encoding and decoding a record's head and one event,
-//!   what the store does for every durable decision (a load decodes the
-//!   head and every event; a save encodes the head and the new event).
+//! - `record_json`: encoding and decoding a whole record (with its four
+//!   events), what the store does for every durable decision (a load
+//!   decodes it, a save encodes it); and one event alone, for scale.
 //! - `redb_load`: loading a record from the embedded store (10k stored).
 //! - `classify`, `hint`: failure classification and hint normalisation.
 //! - `bucket`: token-bucket admission, as the tower layer pays it on every
@@ -150,17 +150,16 @@ fn plan(c: &mut Criterion) {
 
 fn json(c: &mut Criterion) {
     let record = record_with("charge-42", 4);
-    let head = serde_json::to_vec(&record).expect("a record encodes");
+    let bytes = serde_json::to_vec(&record).expect("a record encodes");
     let event = record.events.last().expect("a record with events");
     let event_bytes = serde_json::to_vec(event).expect("an event encodes");
-    // What the store serialises: the record's head (its events are kept
-    // apart, one value each) and each event.
+    // What the store serialises: the whole record, its events included.
     let mut group = c.benchmark_group("record_json");
-    group.bench_function("head_encode", |b| {
+    group.bench_function("record_encode", |b| {
         b.iter(|| serde_json::to_vec(black_box(&record)))
     });
-    group.bench_function("head_decode", |b| {
-        b.iter(|| serde_json::from_slice::<ActivityRecord>(black_box(&head)))
+    group.bench_function("record_decode", |b| {
+        b.iter(|| serde_json::from_slice::<ActivityRecord>(black_box(&bytes)))
     });
     group.bench_function("event_encode", |b| {
         b.iter(|| serde_json::to_vec(black_box(event)))

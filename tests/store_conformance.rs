@@ -107,6 +107,15 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     );
     assert_eq!(store.purge(NOW + 11, 1000).await.unwrap(), 1);
     assert_eq!(store.load(&a).await.unwrap(), None);
+    // A purged activity leaves nothing behind: the same key starts afresh.
+    let again = record(&a, ErrorClass::Transient, 0);
+    store.save(&again, None).await.unwrap();
+    assert_eq!(store.load(&a).await.unwrap(), Some(again.clone()));
+    assert_eq!(
+        store.purge(NOW + 11, 1000).await.unwrap(),
+        1,
+        "deadline 0: expired"
+    );
     let b = key("t2", "a");
     let b_open = store.load(&b).await.unwrap().unwrap();
     let b_closed = record_success(b_open.clone(), None, NOW + 4_000_000).unwrap();

@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{TestServer, ms, pb, report, ts, with_tenant};
+use common::{TestServer, get, ms, pb, report, ts, with_tenant};
 use retry_budget::clock::now_ms;
 
 fn pure(attempts: u32) -> pb::NextActionRequest {
@@ -119,13 +119,7 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
     assert!(b.token_taken, "a slot is booked for it");
     let b_at = ms(b.not_before.as_ref().unwrap());
     assert!(b_at > now_ms());
-    let activity = client
-        .get_activity(pb::GetActivityRequest {
-            activity_id: "b".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let activity = get(&mut client, "b").await;
     assert_eq!(activity.attempts, 0, "a deferral consumes no attempt");
     assert_eq!(activity.events[0].code, "deferred");
     assert_eq!(activity.reservation_not_before, b.not_before);
@@ -166,13 +160,7 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
     assert_eq!(granted.code, "schedule_retry");
     assert!(granted.token_taken && !granted.replayed);
     assert!(granted.reason.contains("booked"), "{}", granted.reason);
-    let activity = client
-        .get_activity(pb::GetActivityRequest {
-            activity_id: "b".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let activity = get(&mut client, "b").await;
     assert_eq!(activity.attempts, 1);
     assert!(activity.reservation_not_before.is_none());
 }

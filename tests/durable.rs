@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, ms, pb, report, ts, with_tenant};
+use common::{TestServer, get, ms, pb, report, ts, with_tenant};
 use pb::ErrorClass::{Permanent, Transient, Unknown};
 use retry_budget::budget::{DelayParams, retry_delay};
 
@@ -33,19 +33,6 @@ fn at(mut request: pb::NextActionRequest, occurred_ms: i64) -> pb::NextActionReq
 fn with_policy(mut request: pb::NextActionRequest, p: pb::Policy) -> pb::NextActionRequest {
     request.policy = Some(p);
     request
-}
-
-async fn get(
-    client: &mut pb::retry_budget_client::RetryBudgetClient<tonic::transport::Channel>,
-    id: &str,
-) -> pb::Activity {
-    client
-        .get_activity(pb::GetActivityRequest {
-            activity_id: id.into(),
-        })
-        .await
-        .expect("activity exists")
-        .into_inner()
 }
 
 #[tokio::test]

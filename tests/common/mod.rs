@@ -159,6 +159,17 @@ pub fn report(activity_id: &str, attempt: u32, class: pb::ErrorClass) -> pb::Nex
     }
 }
 
+/// The activity `id` of the default tenant, which must exist.
+pub async fn get(client: &mut RetryBudgetClient<Channel>, id: &str) -> pb::Activity {
+    client
+        .get_activity(pb::GetActivityRequest {
+            activity_id: id.into(),
+        })
+        .await
+        .expect("activity exists")
+        .into_inner()
+}
+
 /// A timestamp of unix milliseconds.
 pub fn ts(ms: i64) -> prost_types::Timestamp {
     prost_types::Timestamp {

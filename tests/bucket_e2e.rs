@@ -90,11 +90,16 @@ fn durable(id: &str, attempt: u32, deadline_seconds: u64) -> pb::NextActionReque
     r
 }
 
-#[tokio::test]
-async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt() {
-    // One token a second, one in the bucket.
+/// A server whose bucket refills at `rate` and holds one token, with that
+/// token spent by a first retry.
+async fn drained(
+    rate: f64,
+) -> (
+    TestServer,
+    pb::retry_budget_client::RetryBudgetClient<tonic::transport::Channel>,
+) {
     let server = TestServer::start_with(|c| {
-        c.bucket.rate = 1.0;
+        c.bucket.rate = rate;
         c.bucket.burst = 1;
     })
     .await;
@@ -106,6 +111,13 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
         .into_inner();
     assert_eq!(first.code, "schedule_retry");
     assert!(first.token_taken);
+    (server, client)
+}
+
+#[tokio::test]
+async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt() {
+    // One token a second, and the one in the bucket spent.
+    let (_server, mut client) = drained(1.0).await;
 
     // The bucket is empty: the next retry is deferred to a booked slot.
     let b = client
@@ -167,18 +179,8 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
 
 #[tokio::test]
 async fn a_slot_past_the_deadline_is_deadline_exceeded_and_a_dry_run_takes_nothing() {
-    let server = TestServer::start_with(|c| {
-        c.bucket.rate = 0.5;
-        c.bucket.burst = 1;
-    })
-    .await;
-    let mut client = server.client().await;
-    let first = client
-        .next_action(durable("first", 1, 3600))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(first.code, "schedule_retry");
+    // A token every 2 s, and the one in the bucket spent.
+    let (_server, mut client) = drained(0.5).await;
 
     // A dry run of a retry with an empty bucket: what a report would get,
     // without taking or writing anything.

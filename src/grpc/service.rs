@@ -191,7 +191,7 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         };
         let key = ActivityKey {
             tenant,
-            activity_id: req.activity_id.clone(),
+            activity_id: req.activity_id,
         };
         let decided = self
             .ledger

@@ -186,7 +186,7 @@ fn redb_load(c: &mut Criterion) {
             let mut record = template.clone();
             record.activity_id = format!("act-{i:06}");
             let store = store.clone();
-            saves.spawn(async move { store.save(&record, None).await });
+            saves.spawn(async move { store.save(record, None).await });
         }
         while let Some(saved) = saves.join_next().await {
             saved

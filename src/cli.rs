@@ -61,6 +61,12 @@ pub struct ServeArgs {
     /// each decision alone.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_batch: u32,
+    /// Under load (the last group commit carried more than one decision),
+    /// start group commits at most this often, so that more decisions share
+    /// each fsync; a decision that arrives alone is committed at once. 0s
+    /// commits as soon as the previous fsync returns.
+    #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
+    pub commit_window: Duration,
     /// Attempts allowed to activities whose first report has no policy.
     #[arg(long, default_value_t = 5)]
     pub default_max_attempts: u32,
@@ -134,6 +140,7 @@ impl ServeArgs {
             config.bucket.weights.insert(tenant.clone(), *weight);
         }
         config.max_batch = self.max_batch as usize;
+        config.commit_window = self.commit_window;
         config.default_policy = Policy {
             max_attempts: self.default_max_attempts,
             deadline_seconds: self.default_deadline.as_secs(),

@@ -14,7 +14,7 @@ use crate::budget::activity::{
     self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, Plan, Policy, Report,
     Resolution, Status,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{Replaced, Store, StoreError};
 use locks::KeyLocks;
 
 /// A ledger operation failed.
@@ -136,9 +136,10 @@ impl<S: Store> Ledger<S> {
     ) -> Result<Decided, LedgerError> {
         let _guard = self.locks.lock(key).await;
         let previous = self.store.load(key).await?;
+        let replaces = previous.as_ref().map(Replaced::of);
         let requested = report.policy.map(|p| p.or_defaults(self.defaults.policy));
         let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
-        match activity::plan(previous.clone(), key, report, &self.defaults, now_ms)? {
+        match activity::plan(previous, key, report, &self.defaults, now_ms)? {
             Plan::Replay(replay) => Ok(Decided {
                 policy_conflict: conflict(&replay.policy),
                 class_conflict: replay.event.class.is_some_and(|c| c != report.class),
@@ -158,14 +159,15 @@ impl<S: Store> Ledger<S> {
                     }
                 }
                 let (record, event) = draft.finish();
+                let policy = record.policy;
                 if !dry_run {
-                    self.store.save(&record, previous.as_ref()).await?;
+                    self.store.save(record, replaces).await?;
                 }
                 Ok(Decided {
-                    policy_conflict: conflict(&record.policy),
+                    policy_conflict: conflict(&policy),
                     class_conflict: false,
                     event,
-                    policy: record.policy,
+                    policy,
                     replayed: false,
                 })
             }
@@ -186,10 +188,11 @@ impl<S: Store> Ledger<S> {
         let Some(previous) = self.store.load(key).await? else {
             return Ok(SuccessOutcome::Unknown);
         };
-        match activity::record_success(previous.clone(), occurred_at_ms, now_ms) {
+        let replaces = Replaced::of(&previous);
+        match activity::record_success(previous, occurred_at_ms, now_ms) {
             None => Ok(SuccessOutcome::AlreadyClosed),
             Some(record) => {
-                self.store.save(&record, Some(&previous)).await?;
+                self.store.save(record, Some(replaces)).await?;
                 Ok(SuccessOutcome::Closed)
             }
         }
@@ -208,9 +211,11 @@ impl<S: Store> Ledger<S> {
     ) -> Result<Status, LedgerError> {
         let _guard = self.locks.lock(key).await;
         let previous = self.load_existing(key).await?;
-        let record = activity::resolve(previous.clone(), resolution, note, now_ms)?;
-        self.store.save(&record, Some(&previous)).await?;
-        Ok(record.status)
+        let replaces = Replaced::of(&previous);
+        let record = activity::resolve(previous, resolution, note, now_ms)?;
+        let status = record.status;
+        self.store.save(record, Some(replaces)).await?;
+        Ok(status)
     }
 
     /// The activity's record with its whole history.

@@ -8,6 +8,12 @@ use clap::Parser;
 use retry_budget::cli::{Cli, Command};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of the system allocator: a request allocates and frees
+/// many small buffers, often on different threads (a record built on a
+/// runtime worker is dropped by the checkpoint thread). See BENCHMARKS.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

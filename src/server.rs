@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// The most decisions one group commit (one fsync) carries.
     pub max_batch: usize,
+    /// Under load, the least time from one group commit to the next.
+    pub commit_window: Duration,
     /// The policy of activities whose first report names none.
     pub default_policy: Policy,
     /// How long a closed (or expired) activity is kept before it is purged.
@@ -58,6 +60,7 @@ impl ServerConfig {
         Self {
             data_dir: data_dir.into(),
             max_batch: 1024,
+            commit_window: Duration::from_millis(2),
             default_policy: Policy {
                 max_attempts: 5,
                 deadline_seconds: 3600,
@@ -106,15 +109,18 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let mut options = RedbStoreOptions::new(&config.data_dir);
     options.max_batch = config.max_batch;
+    options.commit_window = config.commit_window;
     let store = RedbStore::open(&options)?;
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.
     let counted = store.clone();
     let result = serve(listener, store, config, shutdown).await;
-    let stats = counted.commit_stats();
+    let [commits, saves, checkpoints, checkpointed] = counted.commit_stats().snapshot();
     tracing::info!(
-        commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed),
-        saves = stats.saves.load(std::sync::atomic::Ordering::Relaxed),
+        commits,
+        saves,
+        checkpoints,
+        checkpointed,
         "group commit totals"
     );
     result
@@ -182,6 +188,7 @@ pub async fn serve<S: Store>(
         retry_rate = config.bucket.rate,
         retry_burst = config.bucket.burst,
         max_batch = config.max_batch,
+        commit_window = ?config.commit_window,
         "serving"
     );
 

@@ -9,9 +9,11 @@
 //! - The caller serialises work on one activity (see `ledger`); a store needs
 //!   no lock of its own per activity.
 
+mod codec;
+mod journal;
 mod redb;
 
-pub use self::redb::{RedbStore, RedbStoreOptions};
+pub use self::redb::{CommitStats, RedbStore, RedbStoreOptions};
 
 use std::future::Future;
 
@@ -37,6 +39,24 @@ pub enum StoreError {
     Closed,
 }
 
+/// What a store needs to know of the version a save replaces, taken before
+/// the state machine consumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replaced {
+    /// Where the replaced version sits in the purge order
+    /// ([`ActivityRecord::purgeable_from_ms`]).
+    pub purgeable_from_ms: Option<i64>,
+}
+
+impl Replaced {
+    /// The description of `record`, about to be replaced.
+    pub fn of(record: &ActivityRecord) -> Self {
+        Self {
+            purgeable_from_ms: record.purgeable_from_ms(),
+        }
+    }
+}
+
 /// Durable storage of activity records.
 pub trait Store: Send + Sync + 'static {
     /// The record of `key`, if the store holds it.
@@ -45,12 +65,13 @@ pub trait Store: Send + Sync + 'static {
         key: &ActivityKey,
     ) -> impl Future<Output = Result<Option<ActivityRecord>, StoreError>> + Send;
 
-    /// Writes `record`, replacing `previous` (the version the caller loaded,
-    /// `None` for a new activity), and returns once it is durable.
+    /// Writes `record` in place of the version the caller loaded (described
+    /// by `replaces`, `None` for a new activity), and returns once it is
+    /// durable.
     fn save(
         &self,
-        record: &ActivityRecord,
-        previous: Option<&ActivityRecord>,
+        record: ActivityRecord,
+        replaces: Option<Replaced>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Deletes up to `limit` activities purgeable before `cutoff_ms` (see

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{TestServer, pb, report};
 use retry_budget::budget::activity::{ActivityKey, ActivityRecord};
 use retry_budget::server;
-use retry_budget::store::{RedbStore, RedbStoreOptions, Store, StoreError};
+use retry_budget::store::{RedbStore, RedbStoreOptions, Replaced, Store, StoreError};
 use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -99,11 +99,11 @@ impl Store for SlowSaves {
     }
     async fn save(
         &self,
-        record: &ActivityRecord,
-        previous: Option<&ActivityRecord>,
+        record: ActivityRecord,
+        replaces: Option<Replaced>,
     ) -> Result<(), StoreError> {
         tokio::time::sleep(self.delay).await;
-        self.inner.save(record, previous).await
+        self.inner.save(record, replaces).await
     }
     async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge(cutoff_ms, limit).await

@@ -8,7 +8,7 @@ use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,
 };
-use retry_budget::store::{RedbStore, RedbStoreOptions, Store};
+use retry_budget::store::{RedbStore, RedbStoreOptions, Replaced, Store};
 
 const NOW: i64 = 1_800_000_000_000;
 
@@ -55,17 +55,20 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
 
     // Save, load, update.
     let first = record(&a, ErrorClass::Transient, 60);
-    store.save(&first, None).await.unwrap();
+    store.save(first.clone(), None).await.unwrap();
     assert_eq!(store.load(&a).await.unwrap().as_ref(), Some(&first));
     let closed = record_success(first.clone(), Some(NOW + 5), NOW + 10).expect("open");
-    store.save(&closed, Some(&first)).await.unwrap();
+    store
+        .save(closed.clone(), Some(Replaced::of(&first)))
+        .await
+        .unwrap();
     assert_eq!(store.load(&a).await.unwrap().as_ref(), Some(&closed));
     assert_eq!(store.count().await.unwrap(), 1);
 
     // Tenants are part of the key; odd ids round-trip.
     for k in [key("t2", "a"), key("t1", "航班:1 🚀"), key("t1", "a:b")] {
         let r = record(&k, ErrorClass::Transient, 60);
-        store.save(&r, None).await.unwrap();
+        store.save(r.clone(), None).await.unwrap();
         assert_eq!(store.load(&k).await.unwrap(), Some(r));
     }
     assert_eq!(store.count().await.unwrap(), 4);
@@ -78,7 +81,7 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
         tasks.push(tokio::spawn(async move {
             let k = key("bulk", &format!("act-{i}"));
             store
-                .save(&record(&k, ErrorClass::Transient, 3600), None)
+                .save(record(&k, ErrorClass::Transient, 3600), None)
                 .await
         }));
     }
@@ -98,7 +101,7 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     let parked_key = key("t3", "parked");
     let parked = record(&parked_key, ErrorClass::Unknown, 0);
     assert_eq!(parked.status, Status::Parked);
-    store.save(&parked, None).await.unwrap();
+    store.save(parked.clone(), None).await.unwrap();
     // `a` was closed at NOW + 10; the others expire at NOW + 60 s or 3600 s.
     assert_eq!(
         store.purge(NOW + 10, 1000).await.unwrap(),
@@ -109,7 +112,7 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     assert_eq!(store.load(&a).await.unwrap(), None);
     // A purged activity leaves nothing behind: the same key starts afresh.
     let again = record(&a, ErrorClass::Transient, 0);
-    store.save(&again, None).await.unwrap();
+    store.save(again.clone(), None).await.unwrap();
     assert_eq!(store.load(&a).await.unwrap(), Some(again.clone()));
     assert_eq!(
         store.purge(NOW + 11, 1000).await.unwrap(),
@@ -119,7 +122,10 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     let b = key("t2", "a");
     let b_open = store.load(&b).await.unwrap().unwrap();
     let b_closed = record_success(b_open.clone(), None, NOW + 4_000_000).unwrap();
-    store.save(&b_closed, Some(&b_open)).await.unwrap();
+    store
+        .save(b_closed.clone(), Some(Replaced::of(&b_open)))
+        .await
+        .unwrap();
     // Two expire at NOW + 60 s (b no longer does: it closed later).
     assert_eq!(store.purge(NOW + 60_001, 1000).await.unwrap(), 2);
     assert!(store.load(&b).await.unwrap().is_some());
@@ -152,7 +158,7 @@ async fn redb_saves_that_arrive_together_share_a_commit() {
         tasks.push(tokio::spawn(async move {
             let k = key("gc", &format!("act-{i}"));
             store
-                .save(&record(&k, ErrorClass::Transient, 60), None)
+                .save(record(&k, ErrorClass::Transient, 60), None)
                 .await
         }));
     }
@@ -178,7 +184,7 @@ async fn redb_batch_of_one_commits_each_save_alone() {
         tasks.push(tokio::spawn(async move {
             let k = key("one", &format!("act-{i}"));
             store
-                .save(&record(&k, ErrorClass::Transient, 60), None)
+                .save(record(&k, ErrorClass::Transient, 60), None)
                 .await
         }));
     }

@@ -1,36 +1,62 @@
-//! The embedded default store: one redb file under `--data-dir`, needing no
-//! server.
+//! The embedded default store: a write-ahead journal in front of one redb
+//! file under `--data-dir`, needing no server.
 //!
-//! # Why redb
-//! A pure-Rust, ACID, copy-on-write B-tree with one writer and lock-free
-//! readers: a commit with `Durability::Immediate` is durable when it returns
-//! (it fsyncs), a crash at any moment leaves the last commit intact, and it
-//! needs no C toolchain or background compaction.
+//! # Why a journal in front of redb
+//! redb is a pure-Rust, ACID, copy-on-write B-tree: a crash at any moment
+//! leaves its last commit intact. But a commit rewrites every B-tree page it
+//! touches, so a commit per group of decisions costs far more than the fsync
+//! it waits for (see BENCHMARKS.md). So a decision is made durable the way
+//! databases do it: appended to a journal, one `fdatasync` for the whole
+//! group, and acknowledged. The records it changed are kept in memory and
+//! written to redb later in one large transaction (a checkpoint), after
+//! which the journal segment is deleted.
 //!
-//! # Group commit
-//! Saves are not committed one by one. They go to a single writer thread
-//! that takes whatever is waiting (up to `max_batch`), writes it all in one
-//! transaction, commits once (one fsync), and then acknowledges every save in
-//! the batch. Under load many decisions share each fsync; alone, a save costs
-//! one fsync and no added wait. `max_batch = 1` gives the naive design (one
-//! fsync a decision), kept as a benchmark baseline.
+//! # The write path
+//! - `save` encodes the record and hands it to the **writer thread**, which
+//!   takes whatever is waiting (up to `max_batch`), appends it to the journal
+//!   segment with one `write` and one `fdatasync` (group commit), puts the
+//!   records in the in-memory *active* set, and acknowledges every save of the
+//!   group. `max_batch = 1` gives one fsync a decision, kept as a benchmark
+//!   baseline.
+//! - When the segment reaches `segment_bytes`, or is older than
+//!   `segment_age`, the writer starts a new segment and freezes the active
+//!   set. The **checkpoint thread** writes the frozen set to redb in one
+//!   durable transaction, deletes the segment, and drops the frozen set. A
+//!   record saved many times within a segment is written to redb once.
+//! - If the active set outgrows four segments while a checkpoint is still
+//!   running, the writer waits for it: memory stays bounded.
 //!
-//! # Layout
+//! # Reads
+//! `load` looks in the active set, then the frozen set, then redb: the
+//! newest version wins. `purge` and `count` first checkpoint what is
+//! pending, so they see every acknowledged save.
+//!
+//! # Recovery
+//! On open, segments left by a crash are replayed into redb, oldest first,
+//! then deleted. A torn last entry (a group whose `fdatasync` never
+//! returned, so never acknowledged) is ignored with a warning.
+//!
+//! # Layout of the redb file
 //! - `activities`: `(tenant, activity_id)` -> the record as JSON (readable
 //!   with any redb tool, and tolerant of fields added later);
 //! - `purge_index`: `(purgeable_from_ms, tenant, activity_id)` -> `()`, so the
 //!   retention sweeper finds expired records without scanning them all.
 
+mod writer;
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::thread;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::{Store, StoreError};
+use super::{Replaced, Store, StoreError};
+use super::{codec, journal};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
+use writer::{Command, Write, WriterHandle};
 
 const ACTIVITIES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("activities");
 const PURGE_INDEX: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("purge_index");
@@ -41,74 +67,143 @@ pub const DB_FILE: &str = "retry-budget.redb";
 /// How the redb store is opened.
 #[derive(Debug, Clone)]
 pub struct RedbStoreOptions {
-    /// The directory that holds the database file; created if missing.
+    /// The directory that holds the database file and the journal; created
+    /// if missing.
     pub data_dir: PathBuf,
-    /// The most saves one commit (one fsync) may carry.
+    /// The most saves one journal `fdatasync` may carry.
     pub max_batch: usize,
-    /// redb's page cache, in bytes: bounds the memory the store uses
-    /// whatever the number of activities.
+    /// Under load (the last group carried more than one save), the least
+    /// time from the start of one group commit to the next: saves that
+    /// arrive meanwhile wait and share the next fsync. A save that arrives
+    /// alone is committed at once. Zero commits as soon as the previous
+    /// fsync returns.
+    pub commit_window: Duration,
+    /// redb's page cache, in bytes.
     pub cache_bytes: usize,
+    /// A journal segment this large is checkpointed into redb. Records
+    /// waiting for a checkpoint are held in memory: about twice this, at
+    /// most four times while a checkpoint is slow.
+    pub segment_bytes: u64,
+    /// A segment older than this is checkpointed even when small, so that
+    /// redb alone is never far behind and recovery replays little.
+    pub segment_age: Duration,
+    /// Checkpoint everything when the store closes, leaving no journal. Only
+    /// tests turn it off, to leave a journal behind as a crash would.
+    pub checkpoint_on_close: bool,
 }
 
 impl RedbStoreOptions {
-    /// Defaults for a data directory: batches of up to 1024, 64 MiB cache.
+    /// Defaults for a data directory: groups of up to 1024 saves, a 2 ms
+    /// commit window, 64 MiB of redb cache, 16 MiB or 5 s segments.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
             max_batch: 1024,
+            commit_window: Duration::from_millis(2),
             cache_bytes: 64 << 20,
+            segment_bytes: 16 << 20,
+            segment_age: Duration::from_secs(5),
+            checkpoint_on_close: true,
         }
     }
 }
 
-/// A save waiting for the writer.
-struct Write {
-    key: ActivityKey,
-    value: Vec<u8>,
-    old_purge: Option<i64>,
-    new_purge: Option<i64>,
-    done: oneshot::Sender<Result<(), String>>,
-}
-
-/// Group-commit counters, for metrics and benchmarks.
+/// Journal and checkpoint counters, for metrics and benchmarks.
 #[derive(Debug, Default)]
 pub struct CommitStats {
-    /// Commits (fsyncs) made.
+    /// Group commits (journal `fdatasync`s) made.
     pub commits: AtomicU64,
     /// Saves those commits carried.
     pub saves: AtomicU64,
+    /// Checkpoints (redb transactions) made.
+    pub checkpoints: AtomicU64,
+    /// Records those checkpoints wrote: fewer than `saves` when an activity
+    /// was saved more than once within a segment.
+    pub checkpointed: AtomicU64,
 }
 
-/// The embedded store. Cheap to clone: clones share the database and writer.
+impl CommitStats {
+    /// The counters as plain numbers: commits, saves, checkpoints, records
+    /// checkpointed.
+    pub fn snapshot(&self) -> [u64; 4] {
+        [
+            self.commits.load(Ordering::Relaxed),
+            self.saves.load(Ordering::Relaxed),
+            self.checkpoints.load(Ordering::Relaxed),
+            self.checkpointed.load(Ordering::Relaxed),
+        ]
+    }
+}
+
+/// A record saved since the last checkpoint.
+#[derive(Debug)]
+struct Pending {
+    /// The newest version, for `load`.
+    record: Arc<ActivityRecord>,
+    /// Its sealed journal entry, whose payload is what redb stores.
+    entry: Vec<u8>,
+    /// When the version redb holds (or will hold after the checkpoint
+    /// before this one) becomes purgeable: its place in the purge index.
+    stored_purge: Option<i64>,
+}
+
+/// The records of one journal segment, being checkpointed.
+#[derive(Debug)]
+struct Frozen {
+    segment: PathBuf,
+    records: HashMap<ActivityKey, Pending>,
+}
+
+/// What saves changed and redb does not hold yet.
+#[derive(Debug, Default)]
+struct Overlay {
+    active: HashMap<ActivityKey, Pending>,
+    frozen: Option<Arc<Frozen>>,
+    /// Why the running checkpoint is failing, while it retries.
+    checkpoint_error: Option<String>,
+}
+
+impl Overlay {
+    fn get(&self, key: &ActivityKey) -> Option<&Pending> {
+        self.active
+            .get(key)
+            .or_else(|| self.frozen.as_ref().and_then(|f| f.records.get(key)))
+    }
+}
+
+/// What the store's clones, its writer and its checkpointer share.
+struct Shared {
+    db: Database,
+    dir: PathBuf,
+    overlay: Mutex<Overlay>,
+    /// Signalled when a checkpoint ends or fails.
+    checkpointed: Condvar,
+    stats: CommitStats,
+}
+
+impl Shared {
+    fn overlay(&self) -> MutexGuard<'_, Overlay> {
+        // A panic elsewhere cannot leave the overlay half-changed: every
+        // change is one map operation or one field assignment.
+        self.overlay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The embedded store. Cheap to clone: clones share the database, the
+/// journal and its threads.
 #[derive(Clone)]
 pub struct RedbStore {
-    db: Arc<Database>,
+    shared: Arc<Shared>,
     writer: Arc<WriterHandle>,
-    stats: Arc<CommitStats>,
-}
-
-/// The writer thread and its queue. Dropping the last handle closes the
-/// queue and waits for the thread to commit what it holds, so the database
-/// file is released when the last clone of the store is gone.
-struct WriterHandle {
-    writes: Option<mpsc::Sender<Write>>,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl Drop for WriterHandle {
-    fn drop(&mut self) {
-        drop(self.writes.take());
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the redb writer thread panicked");
-        }
-    }
 }
 
 impl std::fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbStore").finish_non_exhaustive()
+        f.debug_struct("RedbStore")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -116,18 +211,27 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+fn corrupt(key: &ActivityKey, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        key: format!("{}/{}", key.tenant, key.activity_id),
+        detail: detail.to_string(),
+    }
+}
+
 impl RedbStore {
-    /// Opens (or creates) the database in `options.data_dir` and starts its
-    /// writer thread, which stops when the last clone of the store drops.
+    /// Opens (or creates) the store in `options.data_dir`, replays any
+    /// journal a crash left, and starts the writer and checkpoint threads,
+    /// which stop when the last clone of the store drops.
     ///
     /// # Errors
-    /// [`StoreError::Backend`] when the directory or file cannot be opened,
-    /// for example because another process holds it.
+    /// [`StoreError::Backend`] when the directory or a file cannot be opened
+    /// (for example because another process holds the database);
+    /// [`StoreError::Corrupt`] when an intact journal entry does not decode.
     pub fn open(options: &RedbStoreOptions) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(&options.data_dir).map_err(|e| {
-            StoreError::Backend(format!("cannot create {}: {e}", options.data_dir.display()))
-        })?;
-        let path = options.data_dir.join(DB_FILE);
+        let dir = &options.data_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(DB_FILE);
         let db = Database::builder()
             .set_cache_size(options.cache_bytes)
             .create(&path)
@@ -136,23 +240,19 @@ impl RedbStore {
         txn.open_table(ACTIVITIES).map_err(backend)?;
         txn.open_table(PURGE_INDEX).map_err(backend)?;
         txn.commit().map_err(backend)?;
-        let db = Arc::new(db);
-        let stats = Arc::new(CommitStats::default());
-        let (writes, queue) = mpsc::channel(options.max_batch.max(1) * 4);
-        let writer = Writer {
-            db: Arc::clone(&db),
-            stats: Arc::clone(&stats),
-            max_batch: options.max_batch.max(1),
-        };
-        let thread = thread::Builder::new()
-            .name("redb-writer".into())
-            .spawn(move || writer.run(queue))
-            .map_err(backend)?;
-        let writer = Arc::new(WriterHandle {
-            writes: Some(writes),
-            thread: Some(thread),
+        let next_generation = recover(&db, dir)?;
+        let shared = Arc::new(Shared {
+            db,
+            dir: dir.clone(),
+            overlay: Mutex::new(Overlay::default()),
+            checkpointed: Condvar::new(),
+            stats: CommitStats::default(),
         });
-        Ok(Self { db, writer, stats })
+        let writer = WriterHandle::start(Arc::clone(&shared), options, next_generation)?;
+        Ok(Self {
+            shared,
+            writer: Arc::new(writer),
+        })
     }
 
     /// The database file of a data directory.
@@ -160,72 +260,37 @@ impl RedbStore {
         data_dir.join(DB_FILE)
     }
 
-    /// Group-commit counters.
+    /// Journal and checkpoint counters.
     pub fn commit_stats(&self) -> &CommitStats {
-        &self.stats
-    }
-}
-
-struct Writer {
-    db: Arc<Database>,
-    stats: Arc<CommitStats>,
-    max_batch: usize,
-}
-
-impl Writer {
-    fn run(self, mut queue: mpsc::Receiver<Write>) {
-        let mut batch = Vec::with_capacity(self.max_batch);
-        while let Some(first) = queue.blocking_recv() {
-            batch.push(first);
-            while batch.len() < self.max_batch {
-                match queue.try_recv() {
-                    Ok(write) => batch.push(write),
-                    Err(_) => break,
-                }
-            }
-            let result = self.commit(&batch).map_err(|e| e.to_string());
-            if result.is_ok() {
-                self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .saves
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            } else {
-                tracing::error!(error = ?result, saves = batch.len(), "group commit failed");
-            }
-            for write in batch.drain(..) {
-                // A caller that gave up (its request was cancelled) no longer
-                // listens; its write is durable all the same.
-                let _ = write.done.send(result.clone());
-            }
-        }
+        &self.shared.stats
     }
 
-    fn commit(&self, batch: &[Write]) -> Result<(), redb::Error> {
-        let txn = self.db.begin_write()?;
-        {
-            let mut activities = txn.open_table(ACTIVITIES)?;
-            let mut index = txn.open_table(PURGE_INDEX)?;
-            for w in batch {
-                let (tenant, id) = (w.key.tenant.as_str(), w.key.activity_id.as_str());
-                activities.insert((tenant, id), w.value.as_slice())?;
-                if w.old_purge != w.new_purge {
-                    if let Some(at) = w.old_purge {
-                        index.remove((at, tenant, id))?;
-                    }
-                    if let Some(at) = w.new_purge {
-                        index.insert((at, tenant, id), ())?;
-                    }
-                }
-            }
-        }
-        txn.commit()?;
-        Ok(())
+    /// Writes every acknowledged save into redb and returns when it is
+    /// there (the journal is then empty).
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] when the journal or the checkpoint fails.
+    pub async fn checkpoint(&self) -> Result<(), StoreError> {
+        let (done, flushed) = oneshot::channel();
+        self.writer.send(Command::Flush(done))?;
+        flushed
+            .await
+            .map_err(|_| StoreError::Closed)?
+            .map_err(StoreError::Backend)
     }
 }
 
 impl Store for RedbStore {
     async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
-        let txn = self.db.begin_read().map_err(backend)?;
+        let pending = self
+            .shared
+            .overlay()
+            .get(key)
+            .map(|p| Arc::clone(&p.record));
+        if let Some(record) = pending {
+            return Ok(Some(ActivityRecord::clone(&record)));
+        }
+        let txn = self.shared.db.begin_read().map_err(backend)?;
         let table = txn.open_table(ACTIVITIES).map_err(backend)?;
         let Some(value) = table
             .get((key.tenant.as_str(), key.activity_id.as_str()))
@@ -233,30 +298,29 @@ impl Store for RedbStore {
         else {
             return Ok(None);
         };
-        serde_json::from_slice(value.value())
+        codec::decode(value.value())
             .map(Some)
-            .map_err(|e| StoreError::Corrupt {
-                key: format!("{}/{}", key.tenant, key.activity_id),
-                detail: e.to_string(),
-            })
+            .map_err(|e| corrupt(key, e))
     }
 
     async fn save(
         &self,
-        record: &ActivityRecord,
-        previous: Option<&ActivityRecord>,
+        record: ActivityRecord,
+        replaces: Option<Replaced>,
     ) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(record).map_err(backend)?;
+        let mut entry = journal::open_frame(1024);
+        codec::encode_into(&record, &mut entry).map_err(StoreError::Backend)?;
+        journal::seal(&mut entry);
         let (done, acked) = oneshot::channel();
-        let write = Write {
+        self.writer.send(Command::Save(Write {
             key: record.key(),
-            value,
-            old_purge: previous.and_then(ActivityRecord::purgeable_from_ms),
-            new_purge: record.purgeable_from_ms(),
+            pending: Pending {
+                record: Arc::new(record),
+                entry,
+                stored_purge: replaces.and_then(|r| r.purgeable_from_ms),
+            },
             done,
-        };
-        let writes = self.writer.writes.as_ref().ok_or(StoreError::Closed)?;
-        writes.send(write).await.map_err(|_| StoreError::Closed)?;
+        }))?;
         acked
             .await
             .map_err(|_| StoreError::Closed)?
@@ -264,23 +328,112 @@ impl Store for RedbStore {
     }
 
     async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {
-        let db = Arc::clone(&self.db);
-        tokio::task::spawn_blocking(move || purge_blocking(&db, cutoff_ms, limit))
+        self.checkpoint().await?;
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || purge_blocking(&shared.db, cutoff_ms, limit))
             .await
             .map_err(backend)?
             .map_err(backend)
     }
 
     async fn count(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read().map_err(backend)?;
+        self.checkpoint().await?;
+        let txn = self.shared.db.begin_read().map_err(backend)?;
         let table = txn.open_table(ACTIVITIES).map_err(backend)?;
         table.len().map_err(backend)
     }
 }
 
-/// One write transaction that deletes up to `limit` expired activities. It
-/// runs beside the group-commit writer: redb serialises write transactions,
-/// so a sweep only delays the next batch by its own short commit.
+/// Writes `records` into redb in one durable transaction, moving each in
+/// the purge index from where the stored version was to where the new one
+/// goes.
+fn checkpoint_into(
+    db: &Database,
+    records: &HashMap<ActivityKey, Pending>,
+) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut activities = txn.open_table(ACTIVITIES)?;
+        let mut index = txn.open_table(PURGE_INDEX)?;
+        for (key, pending) in records {
+            let (tenant, id) = (key.tenant.as_str(), key.activity_id.as_str());
+            activities.insert((tenant, id), journal::payload(&pending.entry))?;
+            let purge = pending.record.purgeable_from_ms();
+            if pending.stored_purge != purge {
+                if let Some(at) = pending.stored_purge {
+                    index.remove((at, tenant, id))?;
+                }
+                if let Some(at) = purge {
+                    index.insert((at, tenant, id), ())?;
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Replays the journal segments a crash left into redb, oldest first, and
+/// deletes them. Returns the generation for the next segment.
+fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
+    let segments = journal::segments(dir).map_err(backend)?;
+    let next = segments.last().map_or(1, |(generation, _)| generation + 1);
+    for (generation, path) in segments {
+        let contents = journal::read(&path).map_err(backend)?;
+        if contents.ignored_bytes > 0 {
+            tracing::warn!(
+                segment = %path.display(),
+                ignored_bytes = contents.ignored_bytes,
+                "journal: ignored a torn tail (a group commit that never completed, so never acknowledged)"
+            );
+        }
+        let mut records = HashMap::new();
+        for payload in contents.payloads {
+            let record = codec::decode(&payload).map_err(|detail| StoreError::Corrupt {
+                key: format!("journal segment {generation}"),
+                detail,
+            })?;
+            let mut entry = journal::open_frame(payload.len());
+            entry.extend_from_slice(&payload);
+            records.insert(
+                record.key(),
+                Pending {
+                    record: Arc::new(record),
+                    entry,
+                    stored_purge: None,
+                },
+            );
+        }
+        let replayed = records.len();
+        stored_purges(db, &mut records)?;
+        checkpoint_into(db, &records).map_err(backend)?;
+        std::fs::remove_file(&path).map_err(backend)?;
+        tracing::info!(segment = %path.display(), records = replayed, "journal: replayed into the database");
+    }
+    journal::sync_dir(dir).map_err(backend)?;
+    Ok(next)
+}
+
+/// Fills in where the versions redb holds sit in the purge index.
+fn stored_purges(
+    db: &Database,
+    records: &mut HashMap<ActivityKey, Pending>,
+) -> Result<(), StoreError> {
+    let txn = db.begin_read().map_err(backend)?;
+    let table = txn.open_table(ACTIVITIES).map_err(backend)?;
+    for (key, pending) in records.iter_mut() {
+        if let Some(value) = table
+            .get((key.tenant.as_str(), key.activity_id.as_str()))
+            .map_err(backend)?
+        {
+            let stored = codec::decode(value.value()).map_err(|e| corrupt(key, e))?;
+            pending.stored_purge = stored.purgeable_from_ms();
+        }
+    }
+    Ok(())
+}
+
+/// One write transaction that deletes up to `limit` expired activities.
 fn purge_blocking(db: &Database, cutoff_ms: i64, limit: usize) -> Result<usize, redb::Error> {
     let txn = db.begin_write()?;
     let mut purged = 0;

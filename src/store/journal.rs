@@ -1,0 +1,274 @@
+//! The write-ahead journal of the embedded store: append-only segment files
+//! of framed entries, made durable with one `fdatasync` per group commit.
+//!
+//! A segment is `journal-<generation>.log` in the data directory: an 8-byte
+//! magic, then entries. An entry is its payload's length (u32, little
+//! endian), the CRC-32 of the payload (u32, little endian), then the payload
+//! (one activity record as JSON). A crash can leave a torn last entry; the
+//! reader stops at the first entry that is short or fails its checksum, and
+//! says how many bytes it ignored. Nothing after a torn entry was ever
+//! acknowledged, because a group is acknowledged only after the `fdatasync`
+//! that covers all of it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// The first bytes of every segment.
+const MAGIC: &[u8; 8] = b"rbjrnl01";
+/// Bytes before an entry's payload: length, then checksum.
+const FRAME: usize = 8;
+/// No record comes near this; a larger length is a torn or corrupt frame.
+const MAX_PAYLOAD: usize = 64 << 20;
+
+/// The file name of segment `generation`.
+pub fn segment_name(generation: u64) -> String {
+    format!("journal-{generation:020}.log")
+}
+
+/// The segments in `dir`, oldest first, with their generations.
+pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(generation) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("journal-"))
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        found.push((generation, entry.path()));
+    }
+    found.sort_unstable_by_key(|(generation, _)| *generation);
+    Ok(found)
+}
+
+/// A buffer for one entry: room for the frame, then write the payload after
+/// it and [`seal`] it.
+pub fn open_frame(capacity: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(FRAME + capacity);
+    buf.extend_from_slice(&[0; FRAME]);
+    buf
+}
+
+/// Fills in the frame of a buffer from [`open_frame`] once its payload is
+/// written: the buffer is then one entry, ready to append.
+pub fn seal(entry: &mut [u8]) {
+    let (header, payload) = entry.split_at_mut(FRAME);
+    let len = u32::try_from(payload.len()).expect("a record is far below 4 GiB");
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    header[4..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+}
+
+/// The payload of a sealed entry.
+pub fn payload(entry: &[u8]) -> &[u8] {
+    &entry[FRAME..]
+}
+
+/// What a segment held.
+#[derive(Debug, Default)]
+pub struct Contents {
+    /// The payloads of its intact entries, in order.
+    pub payloads: Vec<Vec<u8>>,
+    /// Bytes after the last intact entry (a torn tail), ignored.
+    pub ignored_bytes: usize,
+}
+
+/// Reads a segment. A file shorter than the magic (created, then the crash
+/// came before its first write was synced) holds nothing.
+///
+/// # Errors
+/// An I/O error, or `InvalidData` when the file is not a journal segment.
+pub fn read(path: &Path) -> io::Result<Contents> {
+    let bytes = std::fs::read(path)?;
+    if bytes.len() < MAGIC.len() {
+        return Ok(Contents {
+            payloads: Vec::new(),
+            ignored_bytes: bytes.len(),
+        });
+    }
+    if &bytes[..MAGIC.len()] != MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a retry-budget journal segment", path.display()),
+        ));
+    }
+    let mut contents = Contents::default();
+    let mut at = MAGIC.len();
+    while let Some(header) = bytes.get(at..at + FRAME) {
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        let Some(payload) = bytes.get(at + FRAME..at + FRAME + len) else {
+            break;
+        };
+        if len == 0 || len > MAX_PAYLOAD || crc32fast::hash(payload) != crc {
+            break;
+        }
+        contents.payloads.push(payload.to_vec());
+        at += FRAME + len;
+    }
+    contents.ignored_bytes = bytes.len() - at;
+    Ok(contents)
+}
+
+/// The segment being written.
+#[derive(Debug)]
+pub struct Segment {
+    file: File,
+    generation: u64,
+    path: PathBuf,
+    bytes: u64,
+}
+
+impl Segment {
+    /// Creates segment `generation` in `dir`, writes its magic, and makes the
+    /// file and its name durable (the data directory is synced).
+    ///
+    /// # Errors
+    /// An I/O error; the segment may then exist but holds nothing.
+    pub fn create(dir: &Path, generation: u64) -> io::Result<Self> {
+        let path = dir.join(segment_name(generation));
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&path)?;
+        file.write_all(MAGIC)?;
+        file.sync_all()?;
+        sync_dir(dir)?;
+        Ok(Self {
+            file,
+            generation,
+            path,
+            bytes: MAGIC.len() as u64,
+        })
+    }
+
+    /// Appends framed entries and returns once they are durable.
+    ///
+    /// # Errors
+    /// An I/O error. After a failed `fdatasync` the file's state is unknown:
+    /// the caller must stop writing to it.
+    pub fn append(&mut self, framed: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(framed, self.bytes)?;
+        self.file.sync_data()?;
+        self.bytes += framed.len() as u64;
+        Ok(())
+    }
+
+    /// The segment's generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The segment's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far, magic included.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Makes the creation or removal of files in `dir` durable.
+///
+/// # Errors
+/// An I/O error.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_segment(dir: &Path, generation: u64, payloads: &[&[u8]]) -> Segment {
+        let mut segment = Segment::create(dir, generation).unwrap();
+        let mut framed = Vec::new();
+        for p in payloads {
+            let mut entry = open_frame(p.len());
+            entry.extend_from_slice(p);
+            seal(&mut entry);
+            assert_eq!(payload(&entry), *p);
+            framed.extend_from_slice(&entry);
+        }
+        segment.append(&framed).unwrap();
+        segment
+    }
+
+    #[test]
+    fn entries_round_trip_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = write_segment(dir.path(), 7, &[b"one", b"two", b"{\"x\":3}"]);
+        assert_eq!(segment.bytes(), 8 + 3 * 8 + 3 + 3 + 7);
+        let contents = read(segment.path()).unwrap();
+        assert_eq!(
+            contents.payloads,
+            vec![b"one".to_vec(), b"two".to_vec(), b"{\"x\":3}".to_vec()]
+        );
+        assert_eq!(contents.ignored_bytes, 0);
+    }
+
+    #[test]
+    fn a_torn_tail_is_ignored_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = write_segment(dir.path(), 1, &[b"kept", b"torn-entry"]);
+        let full = std::fs::read(segment.path()).unwrap();
+        for cut in 1..(8 + 10) {
+            std::fs::write(segment.path(), &full[..full.len() - cut]).unwrap();
+            let contents = read(segment.path()).unwrap();
+            assert_eq!(contents.payloads, vec![b"kept".to_vec()], "cut {cut}");
+            assert_eq!(contents.ignored_bytes, 8 + 10 - cut, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_entry_ends_the_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = write_segment(dir.path(), 1, &[b"kept", b"flipped", b"after"]);
+        let mut bytes = std::fs::read(segment.path()).unwrap();
+        let flipped = 8 + 8 + 4 + 8; // the first payload byte of "flipped"
+        bytes[flipped] ^= 0x20;
+        std::fs::write(segment.path(), &bytes).unwrap();
+        let contents = read(segment.path()).unwrap();
+        assert_eq!(contents.payloads, vec![b"kept".to_vec()]);
+        assert_eq!(contents.ignored_bytes, 8 + 7 + 8 + 5);
+    }
+
+    #[test]
+    fn an_empty_or_foreign_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join(segment_name(3));
+        std::fs::write(&empty, b"rbj").unwrap();
+        let contents = read(&empty).unwrap();
+        assert!(contents.payloads.is_empty());
+        assert_eq!(contents.ignored_bytes, 3);
+        std::fs::write(&empty, b"not a journal at all").unwrap();
+        assert_eq!(read(&empty).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn segments_are_listed_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        for generation in [12, 3, 100] {
+            Segment::create(dir.path(), generation).unwrap();
+        }
+        std::fs::write(dir.path().join("journal-x.log"), b"").unwrap();
+        std::fs::write(dir.path().join("retry-budget.redb"), b"").unwrap();
+        let found: Vec<u64> = segments(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|(g, _)| g)
+            .collect();
+        assert_eq!(found, vec![3, 12, 100]);
+        assert!(
+            Segment::create(dir.path(), 12).is_err(),
+            "never reuses a segment"
+        );
+    }
+}

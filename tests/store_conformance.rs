@@ -208,3 +208,100 @@ async fn a_second_process_cannot_open_the_same_file() {
         "{second}"
     );
 }
+
+#[tokio::test]
+async fn redb_store_conforms_with_a_checkpoint_after_every_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    conformance(move || {
+        let mut options = RedbStoreOptions::new(&path);
+        // Every group fills a segment: checkpoints run all the time, so
+        // loads meet records in the active set, the frozen set and redb.
+        options.segment_bytes = 1;
+        options.commit_window = std::time::Duration::ZERO;
+        RedbStore::open(&options).expect("open redb")
+    })
+    .await;
+}
+
+fn journal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("journal-"))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The store is dropped without its final checkpoint, as a crash would
+/// leave it (the SIGKILL test in `tests/crash.rs` does the same to the real
+/// binary): what was acknowledged is only in the journal, whose last group
+/// is torn. Reopening replays it into redb, purge index included.
+#[tokio::test]
+async fn redb_journal_is_replayed_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = RedbStoreOptions::new(dir.path());
+    options.checkpoint_on_close = false;
+    let store = RedbStore::open(&options).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..50 {
+        let k = key("crash", &format!("act-{i}"));
+        let first = record(&k, ErrorClass::Transient, 3600);
+        store.save(first.clone(), None).await.unwrap();
+        if i % 5 == 0 {
+            let closed = record_success(first.clone(), Some(NOW + 1), NOW + 2).expect("open");
+            store
+                .save(closed.clone(), Some(Replaced::of(&first)))
+                .await
+                .unwrap();
+            expected.push(closed);
+        } else {
+            expected.push(first);
+        }
+    }
+    drop(store);
+
+    let segments = journal_segments(dir.path());
+    assert_eq!(segments.len(), 1, "nothing was checkpointed: {segments:?}");
+    // A group whose fdatasync never returned: a frame announcing 32 bytes,
+    // a wrong checksum, and only 3 bytes of payload.
+    let mut torn = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&segments[0])
+        .unwrap();
+    std::io::Write::write_all(&mut torn, &[32, 0, 0, 0, 9, 9, 9, 9, 1, 2, 3]).unwrap();
+    drop(torn);
+
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    let replayed = journal_segments(dir.path());
+    assert_eq!(replayed.len(), 1, "only the new segment is left");
+    assert_ne!(replayed[0], segments[0]);
+    for r in &expected {
+        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
+    }
+    assert_eq!(store.count().await.unwrap(), 50);
+    // The ten closed ones were put in the purge index by the replay.
+    assert_eq!(store.purge(NOW + 3, 1000).await.unwrap(), 10);
+    assert_eq!(store.count().await.unwrap(), 40);
+}
+
+#[tokio::test]
+async fn redb_a_closed_store_leaves_no_journal_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    let k = key("clean", "a");
+    let r = record(&k, ErrorClass::Transient, 60);
+    store.save(r.clone(), None).await.unwrap();
+    drop(store);
+    assert_eq!(
+        journal_segments(dir.path()),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    assert_eq!(store.load(&k).await.unwrap(), Some(r));
+}

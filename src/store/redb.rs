@@ -50,7 +50,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    TableDefinition,
+};
 use tokio::sync::oneshot;
 
 use super::{Replaced, Store, StoreError};
@@ -171,9 +174,17 @@ impl Overlay {
     }
 }
 
+/// The `activities` table as of the last commit: one read snapshot shared by
+/// every `load` that misses the overlay, so a load does not open a read
+/// transaction and look the table up each time. It is replaced after every
+/// commit (checkpoint, purge), before the records it now holds leave the
+/// overlay.
+type Snapshot = Arc<ReadOnlyTable<(&'static str, &'static str), &'static [u8]>>;
+
 /// What the store's clones, its writer and its checkpointer share.
 struct Shared {
     db: Database,
+    snapshot: Mutex<Snapshot>,
     dir: PathBuf,
     overlay: Mutex<Overlay>,
     /// Signalled when a checkpoint ends or fails.
@@ -182,6 +193,25 @@ struct Shared {
 }
 
 impl Shared {
+    /// Takes a new read snapshot, after a commit.
+    fn refresh_snapshot(&self) -> Result<(), redb::Error> {
+        let fresh = Arc::new(snapshot(&self.db)?);
+        *self
+            .snapshot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Arc::clone(
+            &self
+                .snapshot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
     fn overlay(&self) -> MutexGuard<'_, Overlay> {
         // A panic elsewhere cannot leave the overlay half-changed: every
         // change is one map operation or one field assignment.
@@ -242,6 +272,7 @@ impl RedbStore {
         txn.commit().map_err(backend)?;
         let next_generation = recover(&db, dir)?;
         let shared = Arc::new(Shared {
+            snapshot: Mutex::new(Arc::new(snapshot(&db).map_err(backend)?)),
             db,
             dir: dir.clone(),
             overlay: Mutex::new(Overlay::default()),
@@ -290,9 +321,9 @@ impl Store for RedbStore {
         if let Some(record) = pending {
             return Ok(Some(ActivityRecord::clone(&record)));
         }
-        let txn = self.shared.db.begin_read().map_err(backend)?;
-        let table = txn.open_table(ACTIVITIES).map_err(backend)?;
-        let Some(value) = table
+        let Some(value) = self
+            .shared
+            .snapshot()
             .get((key.tenant.as_str(), key.activity_id.as_str()))
             .map_err(backend)?
         else {
@@ -330,10 +361,14 @@ impl Store for RedbStore {
     async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {
         self.checkpoint().await?;
         let shared = Arc::clone(&self.shared);
-        tokio::task::spawn_blocking(move || purge_blocking(&shared.db, cutoff_ms, limit))
-            .await
-            .map_err(backend)?
-            .map_err(backend)
+        tokio::task::spawn_blocking(move || {
+            let purged = purge_blocking(&shared.db, cutoff_ms, limit)?;
+            shared.refresh_snapshot()?;
+            Ok::<_, redb::Error>(purged)
+        })
+        .await
+        .map_err(backend)?
+        .map_err(backend)
     }
 
     async fn count(&self) -> Result<u64, StoreError> {
@@ -342,6 +377,13 @@ impl Store for RedbStore {
         let table = txn.open_table(ACTIVITIES).map_err(backend)?;
         table.len().map_err(backend)
     }
+}
+
+/// A read snapshot of the `activities` table.
+fn snapshot(
+    db: &Database,
+) -> Result<ReadOnlyTable<(&'static str, &'static str), &'static [u8]>, redb::Error> {
+    Ok(db.begin_read()?.open_table(ACTIVITIES)?)
 }
 
 /// Writes `records` into redb in one durable transaction, moving each in

@@ -198,6 +198,11 @@ impl Writer {
         {
             tracing::error!(%error, "final checkpoint failed; the journal will be replayed at the next start");
         }
+        if self.checkpoint_on_close && self.failed.is_none() && self.segment_is_empty() {
+            // Everything is in redb: the empty segment is not needed.
+            let _ = std::fs::remove_file(self.segment.path())
+                .and_then(|()| crate::store::journal::sync_dir(&self.shared.dir));
+        }
         self.closing.store(true, Ordering::Relaxed);
         drop(self.frozen_tx.take());
         if let Some(checkpointer) = self.checkpointer.take()
@@ -346,6 +351,7 @@ fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closin
         let mut backoff = Duration::from_millis(10);
         loop {
             let result = checkpoint_into(&shared.db, &segment.records)
+                .and_then(|()| shared.refresh_snapshot())
                 .map_err(|e| e.to_string())
                 .and_then(|()| {
                     std::fs::remove_file(&segment.segment)

@@ -397,7 +397,11 @@ fn checkpoint_into(
     {
         let mut activities = txn.open_table(ACTIVITIES)?;
         let mut index = txn.open_table(PURGE_INDEX)?;
-        for (key, pending) in records {
+        // In key order: consecutive inserts land in the same or the next
+        // leaf, which is still in the CPU's cache.
+        let mut sorted: Vec<_> = records.iter().collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (key, pending) in sorted {
             let (tenant, id) = (key.tenant.as_str(), key.activity_id.as_str());
             activities.insert((tenant, id), journal::payload(&pending.entry))?;
             let purge = pending.record.purgeable_from_ms();

@@ -6,10 +6,13 @@
 //!   pure `NextAction` computes both).
 //! - `activity_plan`: the durable state machine on a record that already
 //!   holds a few events: a fresh decision, and a replay.
-//! - `record_json`: encoding and decoding a whole record (with its four
-//!   events), what the store does for every durable decision (a load
-//!   decodes it, a save encodes it); and one event alone, for scale.
-//! - `redb_load`: loading a record from the embedded store (10k stored).
+//! - `record_json`, `record_msgpack`: encoding and decoding a whole record
+//!   (with its four events) as JSON (the first versions' format) and as the
+//!   store writes it now (MessagePack, `store::codec`); a save encodes it,
+//!   a load that misses the in-memory overlay decodes it. One event alone
+//!   in JSON, for scale.
+//! - `redb_load`: loading a record from the embedded store (10k stored,
+//!   checkpointed into redb), and from its in-memory overlay.
 //! - `classify`, `hint`: failure classification and hint normalisation.
 //! - `bucket`: token-bucket admission, as the tower layer pays it on every
 //!   `NextAction`, and the fair-share algorithm alone.
@@ -27,7 +30,7 @@ use retry_budget::budget::activity::{
 use retry_budget::budget::classify::{Failure, NetworkFailure, Reach, RuleSet, Safety};
 use retry_budget::budget::hint::{self, RawHints};
 use retry_budget::budget::{Budget, DelayParams, ErrorClass, explain, next_action, retry_delay};
-use retry_budget::store::{RedbStore, RedbStoreOptions, Store};
+use retry_budget::store::{RedbStore, RedbStoreOptions, Store, codec};
 
 /// A fixed logical time (2026-01-01T00:00:00Z), so runs are comparable.
 const T0_MS: i64 = 1_767_225_600_000;
@@ -170,13 +173,34 @@ fn json(c: &mut Criterion) {
     group.finish();
 }
 
+fn msgpack(c: &mut Criterion) {
+    let record = record_with("charge-42", 4);
+    let mut bytes = Vec::new();
+    codec::encode_into(&record, &mut bytes).expect("a record encodes");
+    let mut group = c.benchmark_group("record_msgpack");
+    group.bench_function("record_encode", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(1024);
+            codec::encode_into(black_box(&record), &mut out).map(|()| out)
+        })
+    });
+    group.bench_function("record_decode", |b| {
+        b.iter(|| codec::decode(black_box(&bytes)))
+    });
+    group.bench_function("record_clone", |b| b.iter(|| black_box(&record).clone()));
+    group.finish();
+}
+
 fn redb_load(c: &mut Criterion) {
     const STORED: u32 = 10_000;
     let dir = tempfile::tempdir().expect("a temp dir");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a current-thread runtime");
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).expect("the store opens");
+    let mut options = RedbStoreOptions::new(dir.path());
+    // No checkpoint by age while the overlay is measured.
+    options.segment_age = Duration::from_secs(3600);
+    let store = RedbStore::open(&options).expect("the store opens");
     runtime.block_on(async {
         let template = record_with("template", 2);
         // Concurrent saves share group commits: the setup takes a second,
@@ -193,6 +217,8 @@ fn redb_load(c: &mut Criterion) {
                 .expect("a save task completes")
                 .expect("a save succeeds");
         }
+        // Into redb: the loads below read the B-tree, not the overlay.
+        store.checkpoint().await.expect("a checkpoint");
     });
     let keys: Vec<ActivityKey> = (0..STORED)
         .step_by(97)
@@ -209,6 +235,15 @@ fn redb_load(c: &mut Criterion) {
     let missing = key("not-stored");
     group.bench_function("miss", |b| {
         b.iter(|| runtime.block_on(store.load(black_box(&missing))))
+    });
+    // Saved since the last checkpoint: served from memory.
+    let fresh = record_with("fresh", 2);
+    runtime
+        .block_on(store.save(fresh.clone(), None))
+        .expect("a save succeeds");
+    let fresh = fresh.key();
+    group.bench_function("overlay_hit", |b| {
+        b.iter(|| runtime.block_on(store.load(black_box(&fresh))))
     });
     group.finish();
 }
@@ -295,6 +330,7 @@ criterion_group!(
     action,
     plan,
     json,
+    msgpack,
     redb_load,
     classification,
     hints,

@@ -9,7 +9,7 @@
 //! - The caller serialises work on one activity (see `ledger`); a store needs
 //!   no lock of its own per activity.
 
-mod codec;
+pub mod codec;
 mod journal;
 mod redb;
 

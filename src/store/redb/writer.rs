@@ -73,6 +73,8 @@ impl WriterHandle {
             closing,
             failed: None,
             window: options.commit_window,
+            acks: Vec::new(),
+            replaced: Vec::new(),
             window_from: None,
         };
         let (commands, queue) = mpsc::channel();
@@ -125,6 +127,9 @@ struct Writer {
     failed: Option<String>,
     /// See [`RedbStoreOptions::commit_window`].
     window: Duration,
+    /// Buffers reused by every group commit.
+    acks: Vec<oneshot::Sender<Result<(), String>>>,
+    replaced: Vec<Pending>,
     /// When the last group commit started, if it carried more than one save.
     window_from: Option<Instant>,
 }
@@ -241,26 +246,41 @@ impl Writer {
             stats.commits.fetch_add(1, Ordering::Relaxed);
             stats.saves.fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
-        let mut overlay = self.shared.overlay();
-        for write in batch.drain(..) {
-            if result.is_ok() {
-                match overlay.active.entry(write.key) {
-                    Entry::Occupied(mut held) => {
-                        // The version redb holds is still the one the first
-                        // save of this segment replaced.
-                        let held = held.get_mut();
-                        held.record = write.pending.record;
-                        held.entry = write.pending.entry;
-                    }
-                    Entry::Vacant(slot) => {
-                        slot.insert(write.pending);
+        // Publish the group under the lock; acknowledge it, and free the
+        // versions it replaced, after releasing it.
+        let mut acks = mem::take(&mut self.acks);
+        let mut replaced = mem::take(&mut self.replaced);
+        {
+            let mut overlay = result.is_ok().then(|| self.shared.overlay());
+            for write in batch.drain(..) {
+                if let Some(overlay) = overlay.as_mut() {
+                    match overlay.active.entry(write.key) {
+                        Entry::Occupied(mut held) => {
+                            // redb still holds the version that the first save
+                            // of this segment replaced: keep its purge time.
+                            let held = held.get_mut();
+                            let pending = Pending {
+                                stored_purge: held.stored_purge,
+                                ..write.pending
+                            };
+                            replaced.push(mem::replace(held, pending));
+                        }
+                        Entry::Vacant(slot) => {
+                            slot.insert(write.pending);
+                        }
                     }
                 }
+                acks.push(write.done);
             }
+        }
+        for done in acks.drain(..) {
             // A caller that gave up (its request was cancelled) no longer
             // listens; its save is durable all the same.
-            let _ = write.done.send(result.clone());
+            let _ = done.send(result.clone());
         }
+        replaced.clear();
+        self.acks = acks;
+        self.replaced = replaced;
     }
 
     /// Rotates unless a checkpoint is running; then looks again shortly.

@@ -363,10 +363,35 @@ impl Writer {
     }
 }
 
+/// How many nice levels the checkpoint thread sits below the rest of the
+/// process: about a tenth of a busy request worker's CPU share, enough to
+/// keep up with a saturated core (a checkpoint costs about a tenth of what
+/// the decisions it writes cost), and all of the idle time.
+const CHECKPOINT_NICENESS: i32 = 10;
+
+/// Lowers the calling thread's priority by [`CHECKPOINT_NICENESS`]:
+/// checkpoints are background work, and on a busy core they should take the
+/// time requests leave. If they fall behind, the writer's bound on pending
+/// records (four segments) slows requests until they catch up.
+fn yield_to_requests() {
+    #[cfg(target_os = "linux")]
+    {
+        let tid = rustix::thread::gettid();
+        let nice = rustix::process::getpriority_process(Some(tid))
+            .map_or(CHECKPOINT_NICENESS, |now| {
+                (now + CHECKPOINT_NICENESS).min(19)
+            });
+        if let Err(error) = rustix::process::setpriority_process(Some(tid), nice) {
+            tracing::debug!(%error, "checkpoint thread keeps its priority");
+        }
+    }
+}
+
 /// Writes each frozen segment's records into redb, then deletes the segment.
 /// A failure is retried (the journal still holds everything) and reported to
 /// anyone waiting on a checkpoint.
 fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closing: &AtomicBool) {
+    yield_to_requests();
     for segment in frozen {
         let mut backoff = Duration::from_millis(10);
         loop {

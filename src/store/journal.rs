@@ -173,6 +173,11 @@ impl Segment {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Whether no entry was appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.bytes <= MAGIC.len() as u64
+    }
 }
 
 /// Makes the creation or removal of files in `dir` durable.

@@ -127,11 +127,12 @@ struct Writer {
     failed: Option<String>,
     /// See [`RedbStoreOptions::commit_window`].
     window: Duration,
-    /// Buffers reused by every group commit.
-    acks: Vec<oneshot::Sender<Result<(), String>>>,
-    replaced: Vec<Pending>,
     /// When the last group commit started, if it carried more than one save.
     window_from: Option<Instant>,
+    /// Buffers every group commit reuses: its acknowledgements, and the
+    /// versions it replaced in the active set.
+    acks: Vec<oneshot::Sender<Result<(), String>>>,
+    replaced: Vec<Pending>,
 }
 
 impl Writer {
@@ -140,7 +141,7 @@ impl Writer {
         let mut flushes = Vec::new();
         let mut framed = Vec::new();
         loop {
-            let first = if self.segment_is_empty() {
+            let first = if self.segment.is_empty() {
                 queue.recv().ok()
             } else {
                 match queue.recv_timeout(self.due.saturating_duration_since(Instant::now())) {
@@ -203,7 +204,7 @@ impl Writer {
         {
             tracing::error!(%error, "final checkpoint failed; the journal will be replayed at the next start");
         }
-        if self.checkpoint_on_close && self.failed.is_none() && self.segment_is_empty() {
+        if self.checkpoint_on_close && self.failed.is_none() && self.segment.is_empty() {
             // Everything is in redb: the empty segment is not needed.
             let _ = std::fs::remove_file(self.segment.path())
                 .and_then(|()| crate::store::journal::sync_dir(&self.shared.dir));
@@ -215,10 +216,6 @@ impl Writer {
         {
             tracing::error!("the checkpoint thread panicked");
         }
-    }
-
-    fn segment_is_empty(&self) -> bool {
-        self.segment.bytes() <= 8
     }
 
     /// Appends a group to the journal with one `fdatasync`, makes its records
@@ -319,7 +316,7 @@ impl Writer {
                 return Ok(false);
             }
         }
-        if self.segment_is_empty() {
+        if self.segment.is_empty() {
             self.due = Instant::now() + self.segment_age;
             return Ok(true);
         }

@@ -16,20 +16,24 @@
 //!   takes whatever is waiting (up to `max_batch`), appends it to the journal
 //!   segment with one `write` and one `fdatasync` (group commit), puts the
 //!   records in the in-memory *active* set, and acknowledges every save of the
-//!   group. `max_batch = 1` gives one fsync a decision, kept as a benchmark
-//!   baseline.
+//!   group. Under load it starts a group at most every `commit_window`, so
+//!   that more saves share each fsync. `max_batch = 1` gives one fsync a
+//!   decision, kept as a benchmark baseline.
 //! - When the segment reaches `segment_bytes`, or is older than
 //!   `segment_age`, the writer starts a new segment and freezes the active
 //!   set. The **checkpoint thread** writes the frozen set to redb in one
 //!   durable transaction, deletes the segment, and drops the frozen set. A
-//!   record saved many times within a segment is written to redb once.
+//!   record saved many times within a segment is written to redb once. The
+//!   checkpoint thread runs at a lower priority than the rest of the process
+//!   (Linux): it takes the CPU that requests leave.
 //! - If the active set outgrows four segments while a checkpoint is still
 //!   running, the writer waits for it: memory stays bounded.
 //!
 //! # Reads
-//! `load` looks in the active set, then the frozen set, then redb: the
-//! newest version wins. `purge` and `count` first checkpoint what is
-//! pending, so they see every acknowledged save.
+//! `load` looks in the active set, then the frozen set, then redb (through a
+//! read snapshot renewed after every commit): the newest version wins.
+//! `purge` and `count` first checkpoint what is pending, so they see every
+//! acknowledged save.
 //!
 //! # Recovery
 //! On open, segments left by a crash are replayed into redb, oldest first,
@@ -37,8 +41,9 @@
 //! returned, so never acknowledged) is ignored with a warning.
 //!
 //! # Layout of the redb file
-//! - `activities`: `(tenant, activity_id)` -> the record as JSON (readable
-//!   with any redb tool, and tolerant of fields added later);
+//! - `activities`: `(tenant, activity_id)` -> the record, encoded by
+//!   [`super::codec`] (MessagePack behind a format byte; JSON records of the
+//!   first versions are still read);
 //! - `purge_index`: `(purgeable_from_ms, tenant, activity_id)` -> `()`, so the
 //!   retention sweeper finds expired records without scanning them all.
 

@@ -19,11 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use prost_types::Timestamp;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{ActivityKey, Defaults, Policy, Report};
 use retry_budget::grpc::TENANT_HEADER;
-use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
+use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use retry_budget::ledger::{Ledger, Unlimited};
 use retry_budget::store::{RedbStore, RedbStoreOptions};
 use serde_json::{Value, json};
@@ -32,7 +31,7 @@ use tonic::Request;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
-use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, now};
+use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, durable_report, now};
 use crate::{Args, LoadgenError};
 
 /// The server's default cap on hinted delays (1 h); preloaded reports carry
@@ -151,7 +150,7 @@ pub async fn online(channels: &[Channel], args: &Args) -> Value {
                 if i >= activities {
                     return;
                 }
-                let mut request = Request::new(first_failure(activity_id(i), now()));
+                let mut request = Request::new(durable_report(activity_id(i), 1, now()));
                 request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
                 if client.next_action(request).await.is_err() {
                     failed.fetch_add(1, Ordering::Relaxed);
@@ -161,20 +160,4 @@ pub async fn online(channels: &[Channel], args: &Args) -> Value {
     }
     while tasks.join_next().await.is_some() {}
     summary("grpc", activities, failed.load(Ordering::Relaxed), started)
-}
-
-fn first_failure(activity_id: String, occurred_at: Timestamp) -> pb::NextActionRequest {
-    pb::NextActionRequest {
-        activity_id,
-        attempt: 1,
-        error_class: pb::ErrorClass::Transient as i32,
-        policy: Some(pb::Policy {
-            max_attempts: GENEROUS_MAX_ATTEMPTS,
-            deadline_seconds: GENEROUS_DEADLINE_SECONDS,
-            base: None,
-            cap: None,
-        }),
-        occurred_at: Some(occurred_at),
-        ..Default::default()
-    }
 }

@@ -17,6 +17,28 @@ pub const GENEROUS_MAX_ATTEMPTS: u32 = 1000;
 /// Deadline of the durable policy: ten years, never reached.
 pub const GENEROUS_DEADLINE_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
+/// A transient failure of `attempt` under the durable policy: what the
+/// durable scenario and the preload report.
+pub fn durable_report(
+    activity_id: String,
+    attempt: u32,
+    occurred_at: Timestamp,
+) -> pb::NextActionRequest {
+    pb::NextActionRequest {
+        activity_id,
+        attempt,
+        error_class: pb::ErrorClass::Transient as i32,
+        policy: Some(pb::Policy {
+            max_attempts: GENEROUS_MAX_ATTEMPTS,
+            deadline_seconds: GENEROUS_DEADLINE_SECONDS,
+            base: None,
+            cap: None,
+        }),
+        occurred_at: Some(occurred_at),
+        ..Default::default()
+    }
+}
+
 /// The request a scenario sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -144,19 +166,11 @@ impl VirtualClient {
     /// Reports the next failure of the activity being walked.
     async fn durable(&mut self, attempts: u32) -> Result<(), String> {
         let walk = &mut self.walk;
-        let mut request = Request::new(pb::NextActionRequest {
-            activity_id: format!("{}{}", walk.prefix, walk.seq),
-            attempt: walk.attempt,
-            error_class: pb::ErrorClass::Transient as i32,
-            policy: Some(pb::Policy {
-                max_attempts: GENEROUS_MAX_ATTEMPTS,
-                deadline_seconds: GENEROUS_DEADLINE_SECONDS,
-                base: None,
-                cap: None,
-            }),
-            occurred_at: Some(walk.occurred_at),
-            ..Default::default()
-        });
+        let mut request = Request::new(durable_report(
+            format!("{}{}", walk.prefix, walk.seq),
+            walk.attempt,
+            walk.occurred_at,
+        ));
         request
             .metadata_mut()
             .insert(TENANT_HEADER, self.tenant.clone());

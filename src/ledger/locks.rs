@@ -7,19 +7,33 @@
 //! locks is sharded and each shard is held only to find or drop an entry,
 //! never across an `await`.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 use crate::budget::activity::ActivityKey;
 
 const SHARDS: usize = 64;
 
-type Shard = Mutex<HashMap<ActivityKey, Arc<AsyncMutex<()>>>>;
+/// One key's lock, with the key's hash so that the table never hashes a
+/// key again (not when it grows, not when the lock is released).
+struct Slot {
+    hash: u64,
+    key: ActivityKey,
+    lock: Arc<AsyncMutex<()>>,
+}
+
+type Shard = Mutex<HashTable<Slot>>;
 
 /// The table of per-activity locks.
+///
+/// A key is hashed once per lock, with a randomly seeded hasher (activity
+/// ids come from clients): the hash picks the shard and finds the slot, and
+/// the guard keeps it to release the lock.
 pub(crate) struct KeyLocks {
     shards: Box<[Shard]>,
     hasher: RandomState,
@@ -29,17 +43,16 @@ impl KeyLocks {
     pub(crate) fn new() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
         }
     }
 
-    fn shard(
-        &self,
-        key: &ActivityKey,
-    ) -> MutexGuard<'_, HashMap<ActivityKey, Arc<AsyncMutex<()>>>> {
-        let index = self.hasher.hash_one(key) as usize % SHARDS;
+    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<Slot>> {
+        // Bits 40 and up pick the shard: the table inside uses the low bits
+        // to place a slot and the top seven as its tag.
+        let index = (hash >> 40) as usize % SHARDS;
         // A poisoned shard only means another thread panicked while holding
-        // it; the map itself is always consistent between statements.
+        // it; the table itself is always consistent between statements.
         self.shards[index]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -47,11 +60,27 @@ impl KeyLocks {
 
     /// Waits for the lock of `key`; it is held until the guard drops.
     pub(crate) async fn lock<'a>(&'a self, key: &'a ActivityKey) -> KeyGuard<'a> {
-        let lock = Arc::clone(self.shard(key).entry(key.clone()).or_default());
+        let hash = self.hasher.hash_one(key);
+        let lock = {
+            let mut shard = self.shard(hash);
+            match shard.entry(hash, |slot| slot.key == *key, |slot| slot.hash) {
+                Entry::Occupied(slot) => Arc::clone(&slot.get().lock),
+                Entry::Vacant(vacant) => {
+                    let lock = Arc::default();
+                    vacant.insert(Slot {
+                        hash,
+                        key: key.clone(),
+                        lock: Arc::clone(&lock),
+                    });
+                    lock
+                }
+            }
+        };
         let guard = lock.lock_owned().await;
         KeyGuard {
             locks: self,
             key,
+            hash,
             guard: Some(guard),
         }
     }
@@ -60,7 +89,7 @@ impl KeyLocks {
     fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().map_or(0, |m| m.len()))
+            .map(|s| s.lock().map_or(0, |t| t.len()))
             .sum()
     }
 }
@@ -70,20 +99,20 @@ impl KeyLocks {
 pub(crate) struct KeyGuard<'a> {
     locks: &'a KeyLocks,
     key: &'a ActivityKey,
+    hash: u64,
     guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Drop for KeyGuard<'_> {
     fn drop(&mut self) {
-        let mut shard = self.locks.shard(self.key);
+        let mut shard = self.locks.shard(self.hash);
         drop(self.guard.take());
-        // Two references left: the map's and the guard's mutex (just
+        // Two references left: the table's and the guard's mutex (just
         // released). Anyone else waiting holds a clone, so it stays.
-        if shard
-            .get(self.key)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        if let Ok(slot) = shard.find_entry(self.hash, |slot| slot.key == *self.key)
+            && Arc::strong_count(&slot.get().lock) == 1
         {
-            shard.remove(self.key);
+            slot.remove();
         }
     }
 }
@@ -132,6 +161,49 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(held);
         waiter.await.unwrap();
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_table_grows_and_empties() {
+        let locks = KeyLocks::new();
+        let keys: Vec<_> = (0..5000).map(|i| key(&format!("activity-{i}"))).collect();
+        let mut guards = Vec::new();
+        for k in &keys {
+            guards.push(locks.lock(k).await);
+        }
+        assert_eq!(locks.len(), keys.len());
+        // Every key is still found after the shards grew: a second lock of
+        // any of them waits.
+        for k in keys.iter().step_by(97) {
+            let again = tokio::time::timeout(std::time::Duration::from_millis(20), locks.lock(k));
+            assert!(again.await.is_err(), "{k:?} was locked twice");
+        }
+        drop(guards);
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn contended_key_is_held_by_one_task_at_a_time() {
+        let locks = Arc::new(KeyLocks::new());
+        let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (locks, inside) = (Arc::clone(&locks), Arc::clone(&inside));
+                tokio::spawn(async move {
+                    let k = key("hot");
+                    for _ in 0..20 {
+                        let _g = locks.lock(&k).await;
+                        assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                        tokio::task::yield_now().await;
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
         assert_eq!(locks.len(), 0);
     }
 }

@@ -155,17 +155,22 @@ struct Pending {
     stored_purge: Option<i64>,
 }
 
+/// Records by key. Keys come from clients, so the hasher is randomly
+/// seeded; it is foldhash rather than the standard SipHash because every
+/// load and every save looks a key up here.
+type Records = HashMap<ActivityKey, Pending, foldhash::fast::RandomState>;
+
 /// The records of one journal segment, being checkpointed.
 #[derive(Debug)]
 struct Frozen {
     segment: PathBuf,
-    records: HashMap<ActivityKey, Pending>,
+    records: Records,
 }
 
 /// What saves changed and redb does not hold yet.
 #[derive(Debug, Default)]
 struct Overlay {
-    active: HashMap<ActivityKey, Pending>,
+    active: Records,
     frozen: Option<Arc<Frozen>>,
     /// Why the running checkpoint is failing, while it retries.
     checkpoint_error: Option<String>,
@@ -394,10 +399,7 @@ fn snapshot(
 /// Writes `records` into redb in one durable transaction, moving each in
 /// the purge index from where the stored version was to where the new one
 /// goes.
-fn checkpoint_into(
-    db: &Database,
-    records: &HashMap<ActivityKey, Pending>,
-) -> Result<(), redb::Error> {
+fn checkpoint_into(db: &Database, records: &Records) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     {
         let mut activities = txn.open_table(ACTIVITIES)?;
@@ -438,7 +440,7 @@ fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
                 "journal: ignored a torn tail (a group commit that never completed, so never acknowledged)"
             );
         }
-        let mut records = HashMap::new();
+        let mut records = Records::default();
         for payload in contents.payloads {
             let record = codec::decode(&payload).map_err(|detail| StoreError::Corrupt {
                 key: format!("journal segment {generation}"),
@@ -466,10 +468,7 @@ fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
 }
 
 /// Fills in where the versions redb holds sit in the purge index.
-fn stored_purges(
-    db: &Database,
-    records: &mut HashMap<ActivityKey, Pending>,
-) -> Result<(), StoreError> {
+fn stored_purges(db: &Database, records: &mut Records) -> Result<(), StoreError> {
     let txn = db.begin_read().map_err(backend)?;
     let table = txn.open_table(ACTIVITIES).map_err(backend)?;
     for (key, pending) in records.iter_mut() {

@@ -209,6 +209,28 @@ def main():
               f"{fmt(mean([r.get('server_cpu_us_per_request') for r in recs]), 1):>6} "
               f"{fmt(mean([r.get('server_runqueue_wait_ms') for r in recs]), 0):>5} {bound:>9} "
               f"{sum(r.get('errors') or 0 for r in recs):>6}")
+    print()
+    print("where the server's CPU went, mean of the reps: us a request by thread, the kernel's share")
+    print("of the server's CPU time, and minor page faults a request (closed loops):")
+    threads = sorted({
+        name for recs in runs.values() for r in recs
+        for name in (r.get("server_thread_cpu_us_per_request") or {})
+    })
+    if threads:
+        print(f"  {'group':<26} " + " ".join(f"{t:>16}" for t in threads) + f" {'kernel':>7} {'faults':>7}")
+    else:
+        print("  (not in this file: the load generator records them since run I)")
+    for label in sorted(runs):
+        recs = [r for r in runs[label]
+                if r.get("mode") == "closed" and r.get("server_thread_cpu_us_per_request")]
+        if not recs:
+            continue
+        cells = " ".join(
+            f"{fmt(mean([(r['server_thread_cpu_us_per_request']).get(t) for r in recs]), 1):>16}"
+            for t in threads
+        )
+        print(f"  {label:<26} {cells} {fmt(mean([r.get('server_kernel_share') for r in recs])):>7} "
+              f"{fmt(mean([r.get('server_minor_faults_per_request') for r in recs]), 3):>7}")
     noisy = sorted(
         label for label, recs in runs.items()
         if (mean([r.get("other_busy_cores") for r in recs]) or 0) > NOISY_CORES

@@ -126,16 +126,35 @@ impl Tally {
                 "max": self.lag_us.max(),
             });
         }
-        if let Some(cpu) = self.cpu {
-            let server = cpu.server.map(|s| s.cores);
+        if let Some(cpu) = &self.cpu {
+            let server = cpu.server.as_ref().map(|s| s.cores);
             report["client_cpu_cores"] = json!(cpu.client.cores);
             report["client_runqueue_wait_ms"] = json!(cpu.client.runqueue_wait_ms);
             report["server_cpu_cores"] = json!(server);
-            report["server_runqueue_wait_ms"] = json!(cpu.server.map(|s| s.runqueue_wait_ms));
+            report["server_runqueue_wait_ms"] =
+                json!(cpu.server.as_ref().map(|s| s.runqueue_wait_ms));
             // The server's CPU time per request: its cost, whichever side
             // was saturated.
             report["server_cpu_us_per_request"] =
                 json!(server.map(|cores| cores * seconds * 1e6 / self.ok.max(1) as f64));
+            // Where the server's time went: by thread, kernel against
+            // user, and page faults, each a request.
+            if let Some(server) = &cpu.server {
+                let per_request = |cores: f64| cores * seconds * 1e6 / self.ok.max(1) as f64;
+                let by_thread: serde_json::Map<String, Value> = server
+                    .by_thread_cores
+                    .iter()
+                    .filter(|(_, cores)| **cores > 0.0)
+                    .map(|(name, cores)| (name.clone(), json!(per_request(*cores))))
+                    .collect();
+                report["server_thread_cpu_us_per_request"] = Value::Object(by_thread);
+                report["server_kernel_share"] = json!(server.kernel_share);
+                report["server_minor_faults_per_request"] = json!(
+                    server
+                        .minor_faults
+                        .map(|faults| faults as f64 / self.ok.max(1) as f64)
+                );
+            }
             report["system_busy_cores"] = json!(cpu.system);
             // What neither process used: other work on the machine, and
             // kernel time (softirq) not charged to either.
@@ -148,7 +167,7 @@ impl Tally {
 }
 
 /// CPU used during the window, in cores (1.0 = one core busy throughout).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct CpuUse {
     client: CpuUsed,
     server: Option<CpuUsed>,

@@ -1,6 +1,7 @@
 //! Measurements beside the load: fsync latency of the data directory's
 //! disk, and CPU time from `/proc`.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
@@ -55,30 +56,51 @@ pub fn fsync_latency(dir: &Path, count: u32) -> std::io::Result<Value> {
     }))
 }
 
-/// A process's scheduler account at one instant, summed over its threads
-/// from `/proc/PID/task/*/schedstat`: nanoseconds on CPU, and nanoseconds
-/// spent runnable but waiting for a CPU (run-queue wait). No clock-tick
-/// conversion is needed.
+/// A process's scheduler account at one instant: from
+/// `/proc/PID/task/*/schedstat`, nanoseconds on CPU (in all and by thread
+/// name) and nanoseconds spent runnable but waiting for a CPU (run-queue
+/// wait), which need no clock-tick conversion; from `/proc/PID/stat`, user
+/// and kernel time (in `USER_HZ` ticks) and minor page faults.
 pub struct CpuClock {
     pid: String,
-    at: Option<Sched>,
+    at: Option<Account>,
 }
 
-/// The two schedstat counters, in nanoseconds.
-#[derive(Debug, Clone, Copy)]
-struct Sched {
+/// The counters of one reading.
+#[derive(Debug, Clone, Default)]
+struct Account {
     on_cpu: u64,
     waiting: u64,
+    /// On-CPU nanoseconds by thread name (threads of one name summed).
+    by_thread: BTreeMap<String, u64>,
+    /// `utime`, `stime` and `minflt` of the whole process (exited threads
+    /// included), when `/proc/PID/stat` could be read.
+    stat: Option<ProcStat>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ProcStat {
+    user_ticks: u64,
+    kernel_ticks: u64,
+    minor_faults: u64,
 }
 
 /// What a process used over a window.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CpuUsed {
     /// CPU cores used on average (1.0 = one core throughout).
     pub cores: f64,
     /// Milliseconds its threads were runnable but not running, summed
     /// over threads: time another task held the CPU it needed.
     pub runqueue_wait_ms: f64,
+    /// Cores used by thread name (for the server: the runtime's workers,
+    /// the journal writer, the checkpoint thread).
+    pub by_thread_cores: BTreeMap<String, f64>,
+    /// The share of its CPU time spent in the kernel (system calls, page
+    /// faults), from clock ticks: coarse over short windows.
+    pub kernel_share: Option<f64>,
+    /// Minor page faults over the window.
+    pub minor_faults: Option<u64>,
 }
 
 impl CpuClock {
@@ -93,30 +115,50 @@ impl CpuClock {
     }
 
     fn read(pid: String) -> Self {
-        let at = sched(&pid);
+        let at = account(&pid);
         Self { pid, at }
     }
 
     /// What the process used since this reading, over `seconds` (the
     /// window), or `None` when `/proc` could not be read.
     pub fn used_since(&self, seconds: f64) -> Option<CpuUsed> {
-        let before = self.at?;
-        let after = sched(&self.pid)?;
+        let before = self.at.as_ref()?;
+        let after = account(&self.pid)?;
+        let by_thread_cores = after
+            .by_thread
+            .iter()
+            .map(|(name, ns)| {
+                let was = before.by_thread.get(name).copied().unwrap_or(0);
+                (name.clone(), ns.saturating_sub(was) as f64 / 1e9 / seconds)
+            })
+            .collect();
+        let (kernel_share, minor_faults) = match (before.stat, after.stat) {
+            (Some(b), Some(a)) => {
+                let user = a.user_ticks.saturating_sub(b.user_ticks);
+                let kernel = a.kernel_ticks.saturating_sub(b.kernel_ticks);
+                let share = (user + kernel > 0).then(|| kernel as f64 / (user + kernel) as f64);
+                (share, Some(a.minor_faults.saturating_sub(b.minor_faults)))
+            }
+            _ => (None, None),
+        };
         Some(CpuUsed {
             cores: after.on_cpu.saturating_sub(before.on_cpu) as f64 / 1e9 / seconds,
             runqueue_wait_ms: after.waiting.saturating_sub(before.waiting) as f64 / 1e6,
+            by_thread_cores,
+            kernel_share,
+            minor_faults,
         })
     }
 }
 
-/// The schedstat counters of every live thread of `pid`. Threads that exit
-/// in between are missed; the server's and the generator's threads live for
-/// the whole run.
-fn sched(pid: &str) -> Option<Sched> {
+/// The counters of every live thread of `pid`. Threads that exit in between
+/// are missed; the server's and the generator's threads live for the whole
+/// run.
+fn account(pid: &str) -> Option<Account> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut total = Sched {
-        on_cpu: 0,
-        waiting: 0,
+    let mut total = Account {
+        stat: proc_stat(pid),
+        ..Account::default()
     };
     for task in tasks.flatten() {
         let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
@@ -126,9 +168,27 @@ fn sched(pid: &str) -> Option<Sched> {
         if let (Some(Some(on_cpu)), Some(Some(waiting))) = (fields.next(), fields.next()) {
             total.on_cpu += on_cpu;
             total.waiting += waiting;
+            let name = std::fs::read_to_string(task.path().join("comm"))
+                .map_or_else(|_| "?".to_owned(), |n| n.trim_end().to_owned());
+            *total.by_thread.entry(name).or_default() += on_cpu;
         }
     }
     Some(total)
+}
+
+/// `minflt`, `utime` and `stime` (fields 10, 14 and 15 of `proc(5)`) of
+/// `/proc/PID/stat`, read after the command name, which may hold spaces.
+fn proc_stat(pid: &str) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &text[text.rfind(')')? + 1..];
+    // The fields after the name start at field 3 (state).
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(ProcStat {
+        minor_faults: field(10)?,
+        user_ticks: field(14)?,
+        kernel_ticks: field(15)?,
+    })
 }
 
 /// The whole machine's busy CPU time at one instant, from the `cpu` line of

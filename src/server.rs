@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 
 use crate::bucket::{BucketConfig, BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::{Defaults, Policy};
@@ -178,7 +178,7 @@ pub async fn serve<S: Store>(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RetryBudgetServer::new(service));
-    let serving = router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+    let serving = router.serve_with_incoming_shutdown(incoming(listener), async {
         let _ = stopped.await;
     });
     tokio::pin!(serving);
@@ -258,5 +258,29 @@ async fn sweep<S: Store>(ledger: Arc<Ledger<S>>, retention: Duration, interval: 
             Ok(purged) => tracing::info!(purged, "retention sweep"),
             Err(error) => tracing::warn!(%error, "retention sweep failed"),
         }
+    }
+}
+
+/// The connections `listener` accepts, with TCP_NODELAY, as tonic's own
+/// `serve` sets it (a listener handed in keeps the kernel's default). With
+/// Nagle's algorithm on, a small response written while another is still
+/// unacknowledged waits for the client's delayed ACK: stalls of about
+/// 40 ms, seen as the p99.9 of the durable benchmark (BENCHMARKS.md).
+fn incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = super::incoming(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let stream = accepted.next().await.unwrap().unwrap();
+        assert!(stream.nodelay().unwrap());
     }
 }

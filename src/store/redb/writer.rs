@@ -141,6 +141,16 @@ impl Writer {
         let mut flushes = Vec::new();
         let mut framed = Vec::new();
         loop {
+            // Under load, let the next group fill before looking at the
+            // queue: senders do not wake a writer that sleeps (it is not
+            // waiting on the queue), so neither the wait nor the saves that
+            // arrive during it cost a wake-up.
+            if let Some(started) = self.window_from.take() {
+                let wait = (started + self.window).saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    thread::sleep(wait);
+                }
+            }
             let first = if self.segment.is_empty() {
                 queue.recv().ok()
             } else {
@@ -154,15 +164,6 @@ impl Writer {
                 }
             };
             let Some(first) = first else { break };
-            // Under load, let the group fill: senders do not wake a writer
-            // that sleeps (it is not waiting on the queue), so the wait costs
-            // them nothing.
-            if let Some(started) = self.window_from.take() {
-                let wait = (started + self.window).saturating_duration_since(Instant::now());
-                if !wait.is_zero() {
-                    thread::sleep(wait);
-                }
-            }
             let mut next = Some(first);
             while let Some(command) = next {
                 match command {

@@ -107,8 +107,9 @@ impl Drop for KeyGuard<'_> {
     fn drop(&mut self) {
         let mut shard = self.locks.shard(self.hash);
         drop(self.guard.take());
-        // Two references left: the table's and the guard's mutex (just
-        // released). Anyone else waiting holds a clone, so it stays.
+        // With the guard gone, the table holds the only reference unless
+        // someone waits for this lock (each waiter holds a clone): then the
+        // slot stays for them.
         if let Ok(slot) = shard.find_entry(self.hash, |slot| slot.key == *self.key)
             && Arc::strong_count(&slot.get().lock) == 1
         {

@@ -266,7 +266,7 @@ async fn sweep<S: Store>(ledger: Arc<Ledger<S>>, retention: Duration, interval: 
 /// Nagle's algorithm on, a small response written while another is still
 /// unacknowledged waits for the client's delayed ACK: stalls of about
 /// 40 ms, seen as the p99.9 of the durable benchmark (BENCHMARKS.md).
-fn incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
+fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 

@@ -127,6 +127,8 @@ impl Tally {
             });
         }
         if let Some(cpu) = &self.cpu {
+            // Cores over the window, as microseconds a request.
+            let per_request = |cores: f64| cores * seconds * 1e6 / self.ok.max(1) as f64;
             let server = cpu.server.as_ref().map(|s| s.cores);
             report["client_cpu_cores"] = json!(cpu.client.cores);
             report["client_runqueue_wait_ms"] = json!(cpu.client.runqueue_wait_ms);
@@ -135,12 +137,10 @@ impl Tally {
                 json!(cpu.server.as_ref().map(|s| s.runqueue_wait_ms));
             // The server's CPU time per request: its cost, whichever side
             // was saturated.
-            report["server_cpu_us_per_request"] =
-                json!(server.map(|cores| cores * seconds * 1e6 / self.ok.max(1) as f64));
+            report["server_cpu_us_per_request"] = json!(server.map(per_request));
             // Where the server's time went: by thread, kernel against
             // user, and page faults, each a request.
             if let Some(server) = &cpu.server {
-                let per_request = |cores: f64| cores * seconds * 1e6 / self.ok.max(1) as f64;
                 let by_thread: serde_json::Map<String, Value> = server
                     .by_thread_cores
                     .iter()

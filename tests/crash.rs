@@ -1,6 +1,7 @@
-//! SIGKILL the real binary under concurrent load, restart it on the same
-//! data directory, and check that every acknowledged decision survived and
-//! that attempt counts continued: none reset, none counted twice.
+//! The real binary: SIGKILL it under concurrent load, restart it on the
+//! same data directory, and check that every acknowledged decision survived
+//! and that attempt counts continued: none reset, none counted twice. Also
+//! the process settings it makes at start.
 
 mod common;
 
@@ -163,4 +164,21 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
         "{} activities, {total} acknowledged decisions survived SIGKILL",
         acked.len()
     );
+}
+
+/// The server turns transparent huge pages off for itself (see main.rs):
+/// the kernel reports it in `/proc/PID/status`.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_server_runs_without_transparent_huge_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _url) = spawn_server(dir.path()).await;
+    let pid = child.id().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    child.kill().await.unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("THP_enabled:"))
+        .expect("THP_enabled in /proc/PID/status (Linux 6.0 and later)");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
 }

@@ -4,7 +4,7 @@
 //! A segment is `journal-<generation>.log` in the data directory: an 8-byte
 //! magic, then entries. An entry is its payload's length (u32, little
 //! endian), the CRC-32 of the payload (u32, little endian), then the payload
-//! (one activity record as JSON). A crash can leave a torn last entry; the
+//! (one activity record, encoded by `store::codec`). A crash can leave a torn last entry; the
 //! reader stops at the first entry that is short or fails its checksum, and
 //! says how many bytes it ignored. Nothing after a torn entry was ever
 //! acknowledged, because a group is acknowledged only after the `fdatasync`

@@ -89,8 +89,10 @@ pub struct RedbStoreOptions {
     /// redb's page cache, in bytes.
     pub cache_bytes: usize,
     /// A journal segment this large is checkpointed into redb. Records
-    /// waiting for a checkpoint are held in memory: about twice this, at
-    /// most four times while a checkpoint is slow.
+    /// waiting for a checkpoint are held in memory: those of the segment
+    /// being written and of the one being checkpointed; while a checkpoint
+    /// is slow the segment being written may grow to four times this before
+    /// the writer waits, so about five segments' worth at most.
     pub segment_bytes: u64,
     /// A segment older than this is checkpointed even when small, so that
     /// redb alone is never far behind and recovery replays little.
@@ -206,10 +208,16 @@ impl Shared {
     /// Takes a new read snapshot, after a commit.
     fn refresh_snapshot(&self) -> Result<(), redb::Error> {
         let fresh = Arc::new(snapshot(&self.db)?);
-        *self
-            .snapshot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        let old = std::mem::replace(
+            &mut *self
+                .snapshot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            fresh,
+        );
+        // Ending the old read transaction (when no load still holds it) is
+        // redb's work: done after the lock that loads take is released.
+        drop(old);
         Ok(())
     }
 

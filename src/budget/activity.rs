@@ -763,13 +763,15 @@ pub fn plan(
         recorded_at_ms: now_ms,
     };
     let mut action = next_action(&budget, report.class);
-    event.reason = explain(action, &budget);
     if action == Action::ScheduleRetry && event.hint.is_some_and(|h| h.do_not_retry) {
         action = Action::FailPermanent;
         event.reason = format!(
             "the server asked not to retry ({})",
             crate::budget::hint::GRPC_PUSHBACK_DO_NOT_RETRY
         );
+    } else if action != Action::ScheduleRetry {
+        // A planned retry gets its own reason below, with the delay.
+        event.reason = explain(action, &budget);
     }
     if action == Action::ScheduleRetry {
         let planned = plan_delay(

@@ -62,9 +62,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_batch: u32,
     /// Under load (the last group commit carried more than one decision),
-    /// start group commits at most this often, so that more decisions share
-    /// each fsync; a decision that arrives alone is committed at once. 0s
-    /// commits as soon as the previous fsync returns.
+    /// how long from the start of one group commit the next may wait for
+    /// decisions to share its fsync; it starts sooner once as many wait as
+    /// recent groups carried. A decision that arrives alone is committed at
+    /// once. 0s commits as soon as the previous fsync returns.
     #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
     pub commit_window: Duration,
     /// Attempts allowed to activities whose first report has no policy.

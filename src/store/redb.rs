@@ -17,7 +17,8 @@
 //!   segment with one `write` and one `fdatasync` (group commit), puts the
 //!   records in the in-memory *active* set, and acknowledges every save of the
 //!   group. Under load it starts a group at most every `commit_window`, so
-//!   that more saves share each fsync. `max_batch = 1` gives one fsync a
+//!   that more saves share each fsync, or sooner once as many saves wait
+//!   as recent groups carried. `max_batch = 1` gives one fsync a
 //!   decision, kept as a benchmark baseline.
 //! - When the segment reaches `segment_bytes`, or is older than
 //!   `segment_age`, the writer starts a new segment and freezes the active
@@ -80,11 +81,11 @@ pub struct RedbStoreOptions {
     pub data_dir: PathBuf,
     /// The most saves one journal `fdatasync` may carry.
     pub max_batch: usize,
-    /// Under load (the last group carried more than one save), the least
-    /// time from the start of one group commit to the next: saves that
-    /// arrive meanwhile wait and share the next fsync. A save that arrives
-    /// alone is committed at once. Zero commits as soon as the previous
-    /// fsync returns.
+    /// Under load (the last group carried more than one save), how long
+    /// from the start of one group commit the next may wait for saves to
+    /// share its fsync; it starts sooner once as many saves wait as recent
+    /// groups carried. A save that arrives alone is committed at once. Zero
+    /// commits as soon as the previous fsync returns.
     pub commit_window: Duration,
     /// redb's page cache, in bytes.
     pub cache_bytes: usize,

@@ -3,9 +3,9 @@
 
 use std::collections::hash_map::Entry;
 use std::mem;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
-use std::thread;
+use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -39,7 +39,68 @@ pub(super) struct Write {
 /// last clone of the store is gone.
 pub(super) struct WriterHandle {
     commands: Option<mpsc::Sender<Command>>,
+    gate: Arc<Gate>,
     thread: Option<thread::JoinHandle<()>>,
+}
+
+/// How the writer waits out its commit window: until the window ends, or
+/// until as many commands wait as the last group carried, whichever comes
+/// first. Under a steady load the clients of one group come back together
+/// (each sends its next request once acknowledged); waiting longer for
+/// them would leave the CPU idle and add latency, committing before they
+/// are all back would spend more fsyncs for the same decisions.
+struct Gate {
+    /// Commands sent and not yet taken by the writer.
+    queued: AtomicUsize,
+    /// How many queued commands wake the writer; `usize::MAX` when it is
+    /// not waiting out a window.
+    wake_at: AtomicUsize,
+    /// The writer thread, set once it runs.
+    writer: std::sync::OnceLock<Thread>,
+}
+
+impl Gate {
+    /// Sends `command` through `send`, counting it first (so that the
+    /// writer never takes more than was counted), then wakes the writer when
+    /// it completes the group the writer waits for.
+    fn send<E>(&self, send: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        // SeqCst here and in `wait`: either this sender sees the writer's
+        // `wake_at`, or the writer sees this command in `queued`.
+        let queued = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Err(error) = send() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(error);
+        }
+        if queued >= self.wake_at.load(Ordering::SeqCst)
+            && let Some(writer) = self.writer.get()
+        {
+            writer.unpark();
+        }
+        Ok(())
+    }
+
+    /// Counts commands the writer took off the queue.
+    fn taken(&self, commands: usize) {
+        self.queued.fetch_sub(commands, Ordering::SeqCst);
+    }
+
+    /// Sleeps until `until`, or until `group` commands are queued.
+    fn wait(&self, until: Instant, group: usize) {
+        self.wake_at.store(group.max(1), Ordering::SeqCst);
+        loop {
+            if self.queued.load(Ordering::SeqCst) >= group {
+                break;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // A stale wake-up (from a sender after the last wait ended)
+            // returns early; the loop looks again.
+            thread::park_timeout(left);
+        }
+        self.wake_at.store(usize::MAX, Ordering::SeqCst);
+    }
 }
 
 impl WriterHandle {
@@ -51,6 +112,11 @@ impl WriterHandle {
         let segment = Segment::create(&shared.dir, generation)
             .map_err(|e| StoreError::Backend(format!("cannot create a journal segment: {e}")))?;
         let (frozen_tx, frozen_rx) = mpsc::channel();
+        let gate = Arc::new(Gate {
+            queued: AtomicUsize::new(0),
+            wake_at: AtomicUsize::new(usize::MAX),
+            writer: std::sync::OnceLock::new(),
+        });
         let closing = Arc::new(AtomicBool::new(false));
         let checkpointer = {
             let shared = Arc::clone(&shared);
@@ -76,23 +142,26 @@ impl WriterHandle {
             acks: Vec::new(),
             replaced: Vec::new(),
             window_from: None,
+            group: 0,
+            gate: Arc::clone(&gate),
         };
         let (commands, queue) = mpsc::channel();
         let thread = thread::Builder::new()
             .name("redb-writer".into())
             .spawn(move || writer.run(&queue))
             .map_err(super::backend)?;
+        let _ = gate.writer.set(thread.thread().clone());
         Ok(Self {
             commands: Some(commands),
+            gate,
             thread: Some(thread),
         })
     }
 
     pub(super) fn send(&self, command: Command) -> Result<(), StoreError> {
-        self.commands
-            .as_ref()
-            .ok_or(StoreError::Closed)?
-            .send(command)
+        let commands = self.commands.as_ref().ok_or(StoreError::Closed)?;
+        self.gate
+            .send(|| commands.send(command))
             .map_err(|_| StoreError::Closed)
     }
 }
@@ -129,6 +198,10 @@ struct Writer {
     window: Duration,
     /// When the last group commit started, if it carried more than one save.
     window_from: Option<Instant>,
+    /// How many queued commands end the commit window early: about as many
+    /// as recent groups carried (see `run`).
+    group: usize,
+    gate: Arc<Gate>,
     /// Buffers every group commit reuses: its acknowledgements, and the
     /// versions it replaced in the active set.
     acks: Vec<oneshot::Sender<Result<(), String>>>,
@@ -142,14 +215,12 @@ impl Writer {
         let mut framed = Vec::new();
         loop {
             // Under load, let the next group fill before looking at the
-            // queue: senders do not wake a writer that sleeps (it is not
-            // waiting on the queue), so neither the wait nor the saves that
-            // arrive during it cost a wake-up.
+            // queue, until the window ends or as many saves wait as recent
+            // groups carried: senders do not wake a writer that waits (it is
+            // not waiting on the queue), except the one that completes the
+            // group.
             if let Some(started) = self.window_from.take() {
-                let wait = (started + self.window).saturating_duration_since(Instant::now());
-                if !wait.is_zero() {
-                    thread::sleep(wait);
-                }
+                self.gate.wait(started + self.window, self.group);
             }
             let first = if self.segment.is_empty() {
                 queue.recv().ok()
@@ -165,7 +236,9 @@ impl Writer {
             };
             let Some(first) = first else { break };
             let mut next = Some(first);
+            let mut taken = 0;
             while let Some(command) = next {
+                taken += 1;
                 match command {
                     Command::Save(write) => batch.push(write),
                     Command::Flush(done) => flushes.push(done),
@@ -176,6 +249,12 @@ impl Writer {
                     None
                 };
             }
+            self.gate.taken(taken);
+            // The group to wait for next: the largest of late, forgetting an
+            // eighth a group, so that one group cut short (a stalled client,
+            // a window that ended first) does not make every later group
+            // small; when fewer clients come back, the window ends the wait.
+            self.group = taken.max(self.group - self.group / 8);
             if !batch.is_empty() {
                 let started = Instant::now();
                 let saves = batch.len();
@@ -427,5 +506,68 @@ fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closin
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gate whose writer is the calling thread.
+    fn gate() -> Arc<Gate> {
+        let gate = Arc::new(Gate {
+            queued: AtomicUsize::new(0),
+            wake_at: AtomicUsize::new(usize::MAX),
+            writer: std::sync::OnceLock::new(),
+        });
+        gate.writer.set(thread::current()).expect("unset");
+        gate
+    }
+
+    /// Sends `n` commands from another thread, `gap` apart.
+    fn send_later(gate: &Arc<Gate>, n: usize, gap: Duration) -> thread::JoinHandle<()> {
+        let gate = Arc::clone(gate);
+        thread::spawn(move || {
+            for _ in 0..n {
+                thread::sleep(gap);
+                gate.send(|| Ok::<(), ()>(())).expect("sent");
+            }
+        })
+    }
+
+    #[test]
+    fn a_complete_group_ends_the_window() {
+        let gate = gate();
+        let senders = send_later(&gate, 3, Duration::from_millis(20));
+        let started = Instant::now();
+        gate.wait(started + Duration::from_secs(30), 3);
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "waited {:?} for a group that was complete",
+            started.elapsed()
+        );
+        assert_eq!(gate.queued.load(Ordering::SeqCst), 3);
+        assert_eq!(gate.wake_at.load(Ordering::SeqCst), usize::MAX);
+        senders.join().unwrap();
+    }
+
+    #[test]
+    fn an_incomplete_group_waits_out_the_window() {
+        let gate = gate();
+        let senders = send_later(&gate, 2, Duration::from_millis(5));
+        let started = Instant::now();
+        let window = Duration::from_millis(300);
+        gate.wait(started + window, 3);
+        assert!(started.elapsed() >= window, "{:?}", started.elapsed());
+        senders.join().unwrap();
+        gate.taken(2);
+        assert_eq!(gate.queued.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_failed_send_is_not_counted() {
+        let gate = gate();
+        assert_eq!(gate.send(|| Err::<(), _>("closed")), Err("closed"));
+        assert_eq!(gate.queued.load(Ordering::SeqCst), 0);
     }
 }

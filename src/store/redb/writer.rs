@@ -44,7 +44,7 @@ pub(super) struct WriterHandle {
 }
 
 /// How the writer waits out its commit window: until the window ends, or
-/// until as many commands wait as the last group carried, whichever comes
+/// until as many commands wait as recent groups carried, whichever comes
 /// first. Under a steady load the clients of one group come back together
 /// (each sends its next request once acknowledged); waiting longer for
 /// them would leave the CPU idle and add latency, committing before they

@@ -21,25 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-python3 - "$WORK" <<'PY'
-import struct, sys
-def varint(n):
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
-def field(number, value):
-    if isinstance(value, int):
-        return varint(number << 3) + varint(value)
-    return varint(number << 3 | 2) + varint(len(value)) + value
-frame = lambda m: b"\x00" + struct.pack(">I", len(m)) + m
-open(f"{sys.argv[1]}/health.bin", "wb").write(frame(b""))
-# NextActionRequest{budget: {1, 3, 5, 30}, activity_id: "flight-1", error_class: TRANSIENT}
-open(f"{sys.argv[1]}/pure.bin", "wb").write(frame(
-    field(1, field(1, 1) + field(2, 3) + field(3, 5) + field(4, 30)) + field(2, b"flight-1") + field(3, 1)))
-PY
+python3 "$(dirname "$0")/grpc_bodies.py" "$WORK"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 per_request() { # path body: server CPU (us) per request succeeded
@@ -63,7 +45,7 @@ for _ in $(seq 1 "${ROUNDS:-3}"); do
     PID=$!
     sleep 0.7
     health=$(per_request /grpc.health.v1.Health/Check "$WORK/health.bin")
-    pure=$(per_request /retrybudget.v1.RetryBudget/NextAction "$WORK/pure.bin")
+    pure=$(per_request /retrybudget.v1.RetryBudget/NextAction "$WORK/pure-next-action.bin")
     echo "$server: health $health us, pure NextAction $pure us a request, health / pure $(python3 -c "print('%.2f' % ($health / $pure))")"
     kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
     rm -rf "$WORK/data"

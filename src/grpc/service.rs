@@ -134,15 +134,13 @@ impl<S: Store> RetryBudgetService<S> {
 
     /// `NextAction` with a `budget`: decided on the budget as given,
     /// nothing stored.
-    fn pure_next_action(
+    fn next_action_pure(
         &self,
         tenant: &str,
         slot: Option<PermitSlot>,
+        budget: &pb::Budget,
         req: &pb::NextActionRequest,
     ) -> Result<pb::NextActionResponse, Status> {
-        let Some(budget) = &req.budget else {
-            unreachable!("called for requests with a budget");
-        };
         let (class, rule) = self.classify(req, tenant)?;
         let input = PureInput {
             class,
@@ -161,7 +159,7 @@ impl<S: Store> RetryBudgetService<S> {
 
     /// `NextAction` without a budget: decided on the activity's recorded
     /// budget, and durable before it returns.
-    async fn durable_next_action(
+    async fn next_action_durable(
         &self,
         tenant: String,
         slot: Option<PermitSlot>,
@@ -241,12 +239,12 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             let tenant = convert::tenant(request.metadata())?;
             let slot = request.extensions().get::<PermitSlot>().cloned();
             let req = request.into_inner();
-            if req.budget.is_some() {
+            if let Some(budget) = &req.budget {
                 return self
-                    .pure_next_action(&tenant, slot, &req)
+                    .next_action_pure(&tenant, slot, budget, &req)
                     .map(Response::new);
             }
-            Box::pin(self.durable_next_action(tenant, slot, req))
+            Box::pin(self.next_action_durable(tenant, slot, req))
         };
         durable.await.map(Response::new)
     }

@@ -23,7 +23,7 @@ NOISY_CORES = 0.25
 # In an open loop, the generator's own p99 lateness (from the intended send
 # time) above which a window is not judged: the generator, or the VM's vCPU
 # under it, stalled, and latency measured from the intended send time then
-# charges the stall to the server (windows of 60 to 80 ms p99 with as much
+# charges the stall to the server (windows of 30 to 170 ms p99 with nearly as much
 # send lag were seen on the 2-core VM).
 LATE_SENDS_US = 1000
 

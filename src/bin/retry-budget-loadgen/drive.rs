@@ -54,8 +54,12 @@ pub struct Tally {
     /// Latencies of successful requests, in microseconds.
     latency_us: Histogram<u64>,
     /// Open loop: how late each request was sent after its due time, in
-    /// microseconds (the generator's own lag).
+    /// microseconds: the pacer's lag plus any wait for an idle client.
     lag_us: Histogram<u64>,
+    /// Open loop: how late the pacer itself came to each due time, in
+    /// microseconds, before any wait for an idle client: the generator's
+    /// own lag, which a slow server cannot cause.
+    pacer_lag_us: Histogram<u64>,
     /// Successful requests.
     ok: u64,
     /// Failed requests by gRPC code or `unexpected_*` key.
@@ -84,6 +88,7 @@ impl Tally {
         Self {
             latency_us: histogram(),
             lag_us: histogram(),
+            pacer_lag_us: histogram(),
             ok: 0,
             errors: BTreeMap::new(),
             window,
@@ -124,6 +129,11 @@ impl Tally {
                 "p50": self.lag_us.value_at_quantile(0.50),
                 "p99": self.lag_us.value_at_quantile(0.99),
                 "max": self.lag_us.max(),
+            });
+            report["pacer_lag_us"] = json!({
+                "p50": self.pacer_lag_us.value_at_quantile(0.50),
+                "p99": self.pacer_lag_us.value_at_quantile(0.99),
+                "max": self.pacer_lag_us.max(),
             });
         }
         if let Some(cpu) = &self.cpu {
@@ -254,6 +264,7 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
     for i in 0..total {
         let due = begin + Duration::from_secs_f64(i as f64 / rate);
         pace_until(due).await;
+        let paced = Instant::now();
         let Some(mut client) = idle_rx.recv().await else {
             break;
         };
@@ -276,6 +287,7 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
             if due >= window.start {
                 let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
                 record(&mut tally.lag_us, sent - due);
+                record(&mut tally.pacer_lag_us, paced - due);
                 tally.record(done - due, outcome);
             }
             let _ = idle_tx.send(client).await;

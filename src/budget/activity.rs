@@ -799,12 +799,7 @@ pub fn plan(
             event.delay_seconds = planned.seconds;
             event.delay_ms = planned.millis;
             event.not_before_ms = Some(not_before);
-            event.reason = format!(
-                "attempt {} of {} failed transiently; {} from occurred_at",
-                budget.attempts,
-                budget.max_attempts,
-                planned.describe()
-            );
+            event.reason = planned.describe(&budget);
             if reserved {
                 event.token_taken = true;
                 event
@@ -842,14 +837,41 @@ pub struct PlannedDelay {
 }
 
 impl PlannedDelay {
-    fn describe(&self) -> String {
+    /// The reason of a planned retry. Every durable retry writes one, so the
+    /// numbers go through `itoa` and the pieces are joined once.
+    fn describe(&self, budget: &Budget) -> String {
+        let mut attempts = itoa::Buffer::new();
+        let mut max_attempts = itoa::Buffer::new();
+        let mut millis = itoa::Buffer::new();
+        let mut other = itoa::Buffer::new();
+        let attempts = attempts.format(budget.attempts);
+        let max_attempts = max_attempts.format(budget.max_attempts);
         if self.from_hint {
-            format!(
-                "the server's hint of {} ms, longer than the backoff of {} ms",
-                self.millis, self.backoff_ms
-            )
+            [
+                "attempt ",
+                attempts,
+                " of ",
+                max_attempts,
+                " failed transiently; the server's hint of ",
+                millis.format(self.millis),
+                " ms, longer than the backoff of ",
+                other.format(self.backoff_ms),
+                " ms from occurred_at",
+            ]
+            .concat()
         } else {
-            format!("backoff {} ms ({} s)", self.millis, self.seconds)
+            [
+                "attempt ",
+                attempts,
+                " of ",
+                max_attempts,
+                " failed transiently; backoff ",
+                millis.format(self.millis),
+                " ms (",
+                other.format(self.seconds),
+                " s) from occurred_at",
+            ]
+            .concat()
         }
     }
 }
@@ -998,5 +1020,41 @@ fn transition(
         rule: None,
         hint: None,
         recorded_at_ms: now_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_planned_retry_reads_as_the_sentence_it_always_was() {
+        let budget = Budget {
+            attempts: 2,
+            max_attempts: 5,
+            elapsed: 7,
+            deadline: 30,
+        };
+        let backoff = PlannedDelay {
+            seconds: 4,
+            millis: 4_250,
+            backoff_ms: 4_250,
+            from_hint: false,
+        };
+        assert_eq!(
+            backoff.describe(&budget),
+            "attempt 2 of 5 failed transiently; backoff 4250 ms (4 s) from occurred_at"
+        );
+        let hinted = PlannedDelay {
+            seconds: 120,
+            millis: 120_000,
+            backoff_ms: 4_250,
+            from_hint: true,
+        };
+        assert_eq!(
+            hinted.describe(&budget),
+            "attempt 2 of 5 failed transiently; the server's hint of 120000 ms, \
+             longer than the backoff of 4250 ms from occurred_at"
+        );
     }
 }

@@ -74,9 +74,9 @@ impl<S> RetryBudgetService<S> {
 
 /// The token layer's permit as the ledger's [`TokenGate`]. Without a permit
 /// (no layer installed) every retry is granted.
-struct SlotGate(Option<PermitSlot>);
+struct SlotGate<'a>(Option<&'a PermitSlot>);
 
-impl TokenGate for SlotGate {
+impl TokenGate for SlotGate<'_> {
     fn take(self, now_ms: i64, max_wait_ms: i64) -> TokenOutcome {
         let Some(slot) = self.0 else {
             return TokenOutcome::Granted;
@@ -137,7 +137,7 @@ impl<S: Store> RetryBudgetService<S> {
     fn next_action_pure(
         &self,
         tenant: &str,
-        slot: Option<PermitSlot>,
+        slot: Option<&PermitSlot>,
         budget: &pb::Budget,
         req: &pb::NextActionRequest,
     ) -> Result<pb::NextActionResponse, Status> {
@@ -184,7 +184,13 @@ impl<S: Store> RetryBudgetService<S> {
         };
         let decided = self
             .ledger
-            .report(&key, &report, SlotGate(slot), now_ms(), req.dry_run)
+            .report(
+                &key,
+                &report,
+                SlotGate(slot.as_ref()),
+                now_ms(),
+                req.dry_run,
+            )
             .await?;
         let mut response = pb::NextActionResponse::from(decided);
         response.dry_run = req.dry_run;
@@ -236,14 +242,25 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         // block ends what is moved into it before the await, so that none of
         // it takes room in this future either.
         let durable = {
-            let tenant = convert::tenant(request.metadata())?;
             let slot = request.extensions().get::<PermitSlot>().cloned();
+            // The token layer read and checked the tenant when it gave the
+            // request a slot; without one (no layer, or an invalid id) the
+            // handler reads it, and rejects an invalid one.
+            let parsed;
+            let tenant = match &slot {
+                Some(slot) => slot.tenant(),
+                None => {
+                    parsed = convert::tenant(request.metadata())?;
+                    parsed.as_str()
+                }
+            };
             let req = request.into_inner();
             if let Some(budget) = &req.budget {
                 return self
-                    .next_action_pure(&tenant, slot, budget, &req)
+                    .next_action_pure(tenant, slot.as_ref(), budget, &req)
                     .map(Response::new);
             }
+            let tenant = tenant.to_owned();
             Box::pin(self.next_action_durable(tenant, slot, req))
         };
         durable.await.map(Response::new)
@@ -331,7 +348,7 @@ struct PureInput<'a> {
 fn pure_next_action(
     budget: &pb::Budget,
     input: &PureInput<'_>,
-    gate: Option<SlotGate>,
+    gate: Option<SlotGate<'_>>,
 ) -> Result<pb::NextActionResponse, Status> {
     let budget = Budget {
         attempts: budget.attempts,

@@ -63,7 +63,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::{BucketConfig, BucketConfigError};
-use super::tenants::Tenants;
+use super::tenants::{OVERFLOW, Tenants};
 use super::{
     GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
     TENANT_SHARE_EXHAUSTED,
@@ -247,10 +247,19 @@ impl FairShares {
             .map(|t| (t.name.as_ref(), t.weight, t.tokens))
     }
 
-    /// The tracked id equal to `tenant`, shared rather than copied, or
-    /// `None` when `tenant` is not tracked on its own.
-    pub fn interned(&self, tenant: &str) -> Option<Arc<str>> {
-        self.tenants.interned(tenant)
+    /// [`FairShares::take`], and the tracked id equal to `tenant`, shared
+    /// rather than copied, or `None` when `tenant` is not tracked on its
+    /// own (it is counted in the overflow entry). One lookup for both.
+    pub fn take_named(&mut self, tenant: &str, now: Duration) -> (Option<Grant>, Option<Arc<str>>) {
+        let (grant, index) = match self.grant_now(tenant, nanos(now)) {
+            Ok(grant) => {
+                let index = grant.index;
+                (Some(grant), index)
+            }
+            Err(pending) => (None, pending.index),
+        };
+        let name = (index != OVERFLOW).then(|| Arc::clone(&self.tenants.get(index).name));
+        (grant, name)
     }
 
     /// The bucket never holds more than `burst`: time spent full is lost.

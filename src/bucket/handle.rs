@@ -65,11 +65,7 @@ impl FairBucket {
     /// outcome in a [`PermitSlot`] for the handler. Never books a slot:
     /// that waits until the handler knows the request is a retry.
     pub fn acquire(&self, tenant: &str) -> PermitSlot {
-        let (name, grant) = {
-            let mut shares = self.lock();
-            let grant = shares.take(tenant, self.now());
-            (shares.interned(tenant), grant)
-        };
+        let (grant, name) = self.lock().take_named(tenant, self.now());
         if grant.is_some() {
             self.shared.counters.taken();
         }

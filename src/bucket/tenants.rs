@@ -29,6 +29,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use foldhash::fast::RandomState;
+
 /// The name of the entry shared by tenants past the bound. It has a space,
 /// which no valid tenant id has, so it can never be taken for a real one.
 pub const OVERFLOW_TENANT: &str = "untracked tenants";
@@ -72,7 +74,9 @@ pub(super) struct Tenants {
     /// Every entry; index 0 is the overflow entry.
     slots: Vec<Tenant>,
     /// Tracked tenant ids to their entry (the overflow entry is not here).
-    index: HashMap<Arc<str>, u32>,
+    /// foldhash, as the activity locks: SipHash was a fifth of a token's
+    /// cost, and the table is bounded, whatever ids clients send.
+    index: HashMap<Arc<str>, u32, RandomState>,
     /// Backlogged entries, a min-heap on `next`.
     heap: Vec<u32>,
     /// Summed weight of the entries in `heap`.
@@ -93,7 +97,7 @@ impl Tenants {
         slots.push(Tenant::new(Arc::from(OVERFLOW_TENANT), overflow_weight, 0));
         Self {
             slots,
-            index: HashMap::with_capacity(max_tenants),
+            index: HashMap::with_capacity_and_hasher(max_tenants, RandomState::default()),
             heap: Vec::with_capacity(max_tenants + 1),
             backlogged_weight: 0,
             idle_head: NONE,
@@ -121,11 +125,6 @@ impl Tenants {
     /// Tracked tenants (the overflow entry not counted).
     pub fn len(&self) -> usize {
         self.index.len()
-    }
-
-    /// The tracked id equal to `name`, shared.
-    pub fn interned(&self, name: &str) -> Option<Arc<str>> {
-        self.index.get_key_value(name).map(|(k, _)| k.clone())
     }
 
     /// Every entry, the overflow one first.

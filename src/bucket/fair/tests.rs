@@ -225,9 +225,14 @@ fn tenants_past_the_bound_share_one_entry() {
         "c shares it with b"
     );
     assert_eq!(b.tracked_tenants(), 1);
-    assert_eq!(b.interned("c"), None);
     let overflow: Vec<_> = b.tenants().take(1).collect();
     assert_eq!(overflow, [(super::super::OVERFLOW_TENANT, 1, 2)]);
+    assert_eq!(
+        b.take_named("c", Duration::ZERO).1,
+        None,
+        "c is not tracked"
+    );
+    assert_eq!(b.take_named("a", Duration::ZERO).1.as_deref(), Some("a"));
 }
 
 proptest::proptest! {

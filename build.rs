@@ -20,6 +20,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("retrybudget_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Messages are decoded from one slice rather than through tonic's
+    // buffer (src/grpc/codec.rs).
+    tonic_prost_build::configure()
+        .codec_path("crate::grpc::codec::SliceCodec")
+        .compile_fds(fds)?;
     Ok(())
 }

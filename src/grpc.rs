@@ -1,11 +1,13 @@
 //! The `retrybudget.v1` edge: the only place protobuf types exist.
 //!
 //! - [`pb`]: the generated messages, service and descriptor set.
+//! - [`codec`]: tonic-prost's codec, decoding each message from one slice.
 //! - `convert`: protobuf <-> core types, with input validation.
 //! - `status`: the one place errors become `tonic::Status`.
 //! - [`RetryBudgetService`]: the service implementation, thin: validate,
 //!   call the core or the ledger, convert back.
 
+pub mod codec;
 mod convert;
 mod service;
 mod status;

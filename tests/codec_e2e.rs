@@ -1,0 +1,115 @@
+//! Message bodies as they arrive on the wire: the server decodes each one
+//! from a single slice (`src/grpc/codec.rs`). Malformed bodies are refused
+//! with `INTERNAL`, as tonic-prost refuses them, and store nothing; unknown
+//! fields are skipped, as protobuf requires.
+
+mod common;
+
+use std::marker::PhantomData;
+
+use common::{TestServer, pb, report};
+use prost::Message;
+use prost::bytes::BufMut;
+use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
+use tonic::{Code, Status};
+use tonic_prost::ProstDecoder;
+
+/// Sends the bytes it is given as the message, unchanged.
+#[derive(Default)]
+struct RawCodec<U>(PhantomData<U>);
+
+struct RawEncoder;
+
+impl Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl<U: Message + Default + Send + 'static> Codec for RawCodec<U> {
+    type Encode = Vec<u8>;
+    type Decode = U;
+    type Encoder = RawEncoder;
+    type Decoder = ProstDecoder<U>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> ProstDecoder<U> {
+        ProstDecoder::new(BufferSettings::default())
+    }
+}
+
+/// `NextAction` with `body` as the request message.
+async fn next_action_raw(
+    server: &TestServer,
+    body: Vec<u8>,
+) -> Result<pb::NextActionResponse, Status> {
+    let mut grpc = tonic::client::Grpc::new(server.channel().await);
+    grpc.ready().await.expect("ready");
+    let path = http::uri::PathAndQuery::from_static("/retrybudget.v1.RetryBudget/NextAction");
+    grpc.unary(
+        tonic::Request::new(body),
+        path,
+        RawCodec::<pb::NextActionResponse>::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_refused_and_store_nothing() {
+    let server = TestServer::start().await;
+    let valid = report("codec-1", 1, pb::ErrorClass::Transient).encode_to_vec();
+    let cases: [(&str, Vec<u8>); 4] = [
+        // activity_id (field 2) says 5 bytes, 1 follows.
+        ("a string past the end", vec![0x12, 0x05, b'c']),
+        // attempt (field 5 varint... any varint field) with no value.
+        ("a tag without its value", [&valid[..], &[0x28]].concat()),
+        // A varint that never ends.
+        (
+            "an endless varint",
+            [&valid[..], &[0x28, 0xff, 0xff]].concat(),
+        ),
+        // Wire type 7 does not exist.
+        ("an unknown wire type", [&valid[..], &[0x0f]].concat()),
+    ];
+    for (what, body) in cases {
+        let status = next_action_raw(&server, body).await.expect_err(what);
+        assert_eq!(status.code(), Code::Internal, "{what}: {status:?}");
+        assert!(
+            status.message().contains("failed to decode"),
+            "{what}: {}",
+            status.message()
+        );
+    }
+    let mut client = server.client().await;
+    let missing = client
+        .get_activity(pb::GetActivityRequest {
+            activity_id: "codec-1".into(),
+        })
+        .await
+        .expect_err("nothing was stored");
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn unknown_fields_are_skipped() {
+    let server = TestServer::start().await;
+    let mut body = report("codec-2", 1, pb::ErrorClass::Transient).encode_to_vec();
+    // Field 99, varint 300, and field 100, a 3-byte string: not in the schema.
+    body.extend_from_slice(&[0x98, 0x06, 0xac, 0x02, 0xa2, 0x06, 0x03, b'x', b'y', b'z']);
+    let response = next_action_raw(&server, body).await.expect("decoded");
+    assert_eq!(response.code, "schedule_retry");
+    assert_eq!(
+        common::get(&mut server.client().await, "codec-2")
+            .await
+            .attempts,
+        1
+    );
+}

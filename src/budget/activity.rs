@@ -840,39 +840,37 @@ impl PlannedDelay {
     /// The reason of a planned retry. Every durable retry writes one, so the
     /// numbers go through `itoa` and the pieces are joined once.
     fn describe(&self, budget: &Budget) -> String {
-        let mut attempts = itoa::Buffer::new();
-        let mut max_attempts = itoa::Buffer::new();
-        let mut millis = itoa::Buffer::new();
-        let mut other = itoa::Buffer::new();
-        let attempts = attempts.format(budget.attempts);
-        let max_attempts = max_attempts.format(budget.max_attempts);
-        if self.from_hint {
-            [
-                "attempt ",
-                attempts,
-                " of ",
-                max_attempts,
-                " failed transiently; the server's hint of ",
-                millis.format(self.millis),
+        // The delay's clause: its words, and the second number in it.
+        let (opening, between, closing, second) = if self.from_hint {
+            (
+                "the server's hint of ",
                 " ms, longer than the backoff of ",
-                other.format(self.backoff_ms),
                 " ms from occurred_at",
-            ]
-            .concat()
+                self.backoff_ms,
+            )
         } else {
-            [
-                "attempt ",
-                attempts,
-                " of ",
-                max_attempts,
-                " failed transiently; backoff ",
-                millis.format(self.millis),
+            (
+                "backoff ",
                 " ms (",
-                other.format(self.seconds),
                 " s) from occurred_at",
-            ]
-            .concat()
-        }
+                u64::from(self.seconds),
+            )
+        };
+        let (mut attempts, mut max_attempts) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (mut millis, mut other) = (itoa::Buffer::new(), itoa::Buffer::new());
+        [
+            "attempt ",
+            attempts.format(budget.attempts),
+            " of ",
+            max_attempts.format(budget.max_attempts),
+            " failed transiently; ",
+            opening,
+            millis.format(self.millis),
+            between,
+            other.format(second),
+            closing,
+        ]
+        .concat()
     }
 }
 

@@ -139,6 +139,34 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
         1,
         "only the parked one is left"
     );
+
+    // Saved twice between two checkpoints (`count` makes one where a store
+    // has them): the purge order is the newest version's, and the place of
+    // the version stored before them is given up.
+    let c = key("t4", "twice");
+    let open_c = record(&c, ErrorClass::Transient, 60);
+    store.save(open_c.clone(), None).await.unwrap();
+    assert_eq!(store.count().await.unwrap(), 2);
+    let closed_c = record_success(open_c.clone(), None, NOW + 4_000_000).expect("open");
+    store
+        .save(closed_c.clone(), Some(Replaced::of(&open_c)))
+        .await
+        .unwrap();
+    let mut later_c = closed_c.clone();
+    later_c.closed_at_ms = Some(NOW + 5_000_000);
+    store
+        .save(later_c.clone(), Some(Replaced::of(&closed_c)))
+        .await
+        .unwrap();
+    assert_eq!(store.count().await.unwrap(), 2);
+    assert_eq!(
+        store.purge(NOW + 4_000_001, 1000).await.unwrap(),
+        0,
+        "neither the first version's deadline nor the second's close purges it"
+    );
+    assert_eq!(store.load(&c).await.unwrap(), Some(later_c));
+    assert_eq!(store.purge(NOW + 5_000_001, 1000).await.unwrap(), 1);
+    assert_eq!(store.load(&c).await.unwrap(), None);
 }
 
 #[tokio::test]

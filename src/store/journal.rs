@@ -10,6 +10,7 @@
 //! acknowledged, because a group is acknowledged only after the `fdatasync`
 //! that covers all of it.
 
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -62,6 +63,37 @@ pub fn seal(entry: &mut [u8]) {
     header[..4].copy_from_slice(&len.to_le_bytes());
     header[4..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
 }
+
+/// One sealed entry: `write` appends the payload to a buffer the calling
+/// thread reuses, and the entry is copied out at its exact size. An entry is
+/// held in memory until its checkpoint, so it should carry no spare room
+/// (a buffer sized by guess, 1 KiB, held about twice the 0.58 KiB that
+/// the benchmark's entries average).
+///
+/// # Errors
+/// What `write` returns.
+pub fn entry<E>(write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<Vec<u8>, E> {
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        buf.extend_from_slice(&[0; FRAME]);
+        let written = write(buf);
+        let entry = written.map(|()| {
+            seal(buf);
+            buf.as_slice().to_vec()
+        });
+        if buf.capacity() > SCRATCH_KEPT {
+            // One unusually large record does not keep its buffer.
+            *buf = Vec::new();
+        }
+        entry
+    })
+}
+
+/// The largest buffer [`entry`] keeps between calls.
+const SCRATCH_KEPT: usize = 64 << 10;
 
 /// The payload of a sealed entry.
 pub fn payload(entry: &[u8]) -> &[u8] {

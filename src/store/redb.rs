@@ -50,12 +50,14 @@
 
 mod writer;
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::mem;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use hashbrown::{HashTable, hash_table};
 use redb::{
     Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata,
     TableDefinition,
@@ -158,10 +160,66 @@ struct Pending {
     stored_purge: Option<i64>,
 }
 
-/// Records by key. Keys come from clients, so the hasher is randomly
-/// seeded; it is foldhash rather than the standard SipHash because every
-/// load and every save looks a key up here.
-type Records = HashMap<ActivityKey, Pending, foldhash::fast::RandomState>;
+/// Records by key, the key read from the record itself: a save sends no
+/// separate copy of its tenant and activity id. Keys come from clients, so
+/// the hasher is randomly seeded; it is foldhash rather than the standard
+/// SipHash because every load and every save looks a key up here.
+#[derive(Debug, Default)]
+struct Records {
+    table: HashTable<Pending>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl Records {
+    /// The hash of a key given as strings: `(&str, &str)` and
+    /// `(&String, &String)` hash alike.
+    fn hash(&self, tenant: &str, activity_id: &str) -> u64 {
+        self.hasher.hash_one((tenant, activity_id))
+    }
+
+    fn get(&self, key: &ActivityKey) -> Option<&Pending> {
+        let (tenant, id) = (key.tenant.as_str(), key.activity_id.as_str());
+        self.table.find(self.hash(tenant, id), |p| {
+            p.record.tenant == tenant && p.record.activity_id == id
+        })
+    }
+
+    /// Holds `pending` as its record's newest version, and returns the
+    /// version it replaced. The newest version keeps the replaced one's
+    /// `stored_purge`: redb still holds the version that the first save of
+    /// the segment replaced, and that is where its purge time is indexed.
+    fn upsert(&mut self, mut pending: Pending) -> Option<Pending> {
+        let (tenant, id) = (&pending.record.tenant, &pending.record.activity_id);
+        let hash = self.hash(tenant, id);
+        let hasher = &self.hasher;
+        match self.table.entry(
+            hash,
+            |p| p.record.tenant == *tenant && p.record.activity_id == *id,
+            |p| hasher.hash_one((&p.record.tenant, &p.record.activity_id)),
+        ) {
+            hash_table::Entry::Occupied(mut held) => {
+                pending.stored_purge = held.get().stored_purge;
+                Some(mem::replace(held.get_mut(), pending))
+            }
+            hash_table::Entry::Vacant(slot) => {
+                slot.insert(pending);
+                None
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Pending> {
+        self.table.iter()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Pending> {
+        self.table.iter_mut()
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+}
 
 /// The records of one journal segment, being checkpointed.
 #[derive(Debug)]
@@ -358,12 +416,10 @@ impl Store for RedbStore {
         record: ActivityRecord,
         replaces: Option<Replaced>,
     ) -> Result<(), StoreError> {
-        let mut entry = journal::open_frame(1024);
-        codec::encode_into(&record, &mut entry).map_err(StoreError::Backend)?;
-        journal::seal(&mut entry);
+        let entry =
+            journal::entry(|buf| codec::encode_into(&record, buf)).map_err(StoreError::Backend)?;
         let (done, acked) = oneshot::channel();
         self.writer.send(Command::Save(Write {
-            key: record.key(),
             pending: Pending {
                 record: Arc::new(record),
                 entry,
@@ -416,9 +472,15 @@ fn checkpoint_into(db: &Database, records: &Records) -> Result<(), redb::Error> 
         // In key order: consecutive inserts land in the same or the next
         // leaf, which is still in the CPU's cache.
         let mut sorted: Vec<_> = records.iter().collect();
-        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (key, pending) in sorted {
-            let (tenant, id) = (key.tenant.as_str(), key.activity_id.as_str());
+        sorted.sort_unstable_by(|a, b| {
+            (&a.record.tenant, &a.record.activity_id)
+                .cmp(&(&b.record.tenant, &b.record.activity_id))
+        });
+        for pending in sorted {
+            let (tenant, id) = (
+                pending.record.tenant.as_str(),
+                pending.record.activity_id.as_str(),
+            );
             activities.insert((tenant, id), journal::payload(&pending.entry))?;
             let purge = pending.record.purgeable_from_ms();
             if pending.stored_purge != purge {
@@ -457,14 +519,11 @@ fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
             })?;
             let mut entry = journal::open_frame(payload.len());
             entry.extend_from_slice(&payload);
-            records.insert(
-                record.key(),
-                Pending {
-                    record: Arc::new(record),
-                    entry,
-                    stored_purge: None,
-                },
-            );
+            records.upsert(Pending {
+                record: Arc::new(record),
+                entry,
+                stored_purge: None,
+            });
         }
         let replayed = records.len();
         stored_purges(db, &mut records)?;
@@ -480,12 +539,14 @@ fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
 fn stored_purges(db: &Database, records: &mut Records) -> Result<(), StoreError> {
     let txn = db.begin_read().map_err(backend)?;
     let table = txn.open_table(ACTIVITIES).map_err(backend)?;
-    for (key, pending) in records.iter_mut() {
-        if let Some(value) = table
-            .get((key.tenant.as_str(), key.activity_id.as_str()))
-            .map_err(backend)?
-        {
-            let stored = codec::decode(value.value()).map_err(|e| corrupt(key, e))?;
+    for pending in records.iter_mut() {
+        let (tenant, id) = (
+            pending.record.tenant.as_str(),
+            pending.record.activity_id.as_str(),
+        );
+        if let Some(value) = table.get((tenant, id)).map_err(backend)? {
+            let stored =
+                codec::decode(value.value()).map_err(|e| corrupt(&pending.record.key(), e))?;
             pending.stored_purge = stored.purgeable_from_ms();
         }
     }

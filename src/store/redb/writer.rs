@@ -1,7 +1,6 @@
 //! The writer thread (group commit into the journal) and the checkpoint
 //! thread (journal segments into redb) of the embedded store.
 
-use std::collections::hash_map::Entry;
 use std::mem;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
@@ -11,7 +10,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::{Frozen, Pending, RedbStoreOptions, Shared, checkpoint_into};
-use crate::budget::activity::ActivityKey;
 use crate::store::StoreError;
 use crate::store::journal::Segment;
 
@@ -28,7 +26,6 @@ pub(super) enum Command {
 
 /// A save waiting for the writer.
 pub(super) struct Write {
-    pub key: ActivityKey,
     pub pending: Pending,
     pub done: oneshot::Sender<Result<(), String>>,
 }
@@ -330,22 +327,10 @@ impl Writer {
         {
             let mut overlay = result.is_ok().then(|| self.shared.overlay());
             for write in batch.drain(..) {
-                if let Some(overlay) = overlay.as_mut() {
-                    match overlay.active.entry(write.key) {
-                        Entry::Occupied(mut held) => {
-                            // redb still holds the version that the first save
-                            // of this segment replaced: keep its purge time.
-                            let held = held.get_mut();
-                            let pending = Pending {
-                                stored_purge: held.stored_purge,
-                                ..write.pending
-                            };
-                            replaced.push(mem::replace(held, pending));
-                        }
-                        Entry::Vacant(slot) => {
-                            slot.insert(write.pending);
-                        }
-                    }
+                if let Some(overlay) = overlay.as_mut()
+                    && let Some(held) = overlay.active.upsert(write.pending)
+                {
+                    replaced.push(held);
                 }
                 acks.push(write.done);
             }

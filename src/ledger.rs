@@ -10,6 +10,8 @@
 
 mod locks;
 
+use std::sync::Arc;
+
 use crate::budget::activity::{
     self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, Plan, Policy, Report,
     Resolution, Status,
@@ -67,7 +69,7 @@ impl TokenGate for Unlimited {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
     /// The recorded event of the decision.
-    pub event: Event,
+    pub event: Arc<Event>,
     /// The policy that decided (the recorded snapshot).
     pub policy: Policy,
     /// True when the attempt had been decided before and nothing was written.

@@ -22,6 +22,8 @@
 //! decided returns the recorded event unchanged, spends nothing and writes
 //! nothing, whatever changed meanwhile (clock, configuration, tokens).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::action::{Action, Budget, ErrorClass, explain, next_action};
@@ -429,8 +431,11 @@ pub struct ActivityRecord {
     /// A slot booked by a deferral, if one is pending.
     #[serde(default)]
     pub reservation: Option<Reservation>,
-    /// Every decision and transition, oldest first.
-    pub events: Vec<Event>,
+    /// Every decision and transition, oldest first. Shared, not copied, by
+    /// the copies of a record: each decision extends a copy of the stored
+    /// version (which the store keeps until the new one is durable), and an
+    /// event is returned to the caller as it is recorded.
+    pub events: Vec<Arc<Event>>,
 }
 
 impl ActivityRecord {
@@ -455,7 +460,7 @@ impl ActivityRecord {
     }
 
     /// The recorded decision of `attempt`, if it was decided.
-    fn decision_of(&self, attempt: u32) -> Option<&Event> {
+    fn decision_of(&self, attempt: u32) -> Option<&Arc<Event>> {
         self.events.iter().rev().find(|e| {
             e.kind == EventKind::Decision
                 && e.attempt == attempt
@@ -464,7 +469,7 @@ impl ActivityRecord {
     }
 
     /// The latest deferral of `attempt`, if any.
-    fn deferral_of(&self, attempt: u32) -> Option<&Event> {
+    fn deferral_of(&self, attempt: u32) -> Option<&Arc<Event>> {
         self.events.iter().rev().find(|e| {
             e.kind == EventKind::Decision
                 && e.attempt == attempt
@@ -502,6 +507,9 @@ pub struct Report<'a> {
 
 /// What [`plan`] found.
 #[derive(Debug)]
+// A plan lives on the stack for one decision and is taken apart at once:
+// boxing the draft would cost an allocation a decision to save a copy.
+#[allow(clippy::large_enum_variant)]
 pub enum Plan {
     /// The attempt was decided before: return this event unchanged.
     Replay(Replay),
@@ -513,7 +521,7 @@ pub enum Plan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replay {
     /// The recorded event.
-    pub event: Event,
+    pub event: Arc<Event>,
     /// The recorded policy.
     pub policy: Policy,
 }
@@ -601,7 +609,7 @@ impl Draft {
     }
 
     /// Appends the event and applies the decision to the record.
-    pub fn finish(mut self) -> (ActivityRecord, Event) {
+    pub fn finish(mut self) -> (ActivityRecord, Arc<Event>) {
         let now_ms = self.event.recorded_at_ms;
         let action = self.action();
         match action {
@@ -622,8 +630,9 @@ impl Draft {
                 }
             }
         }
-        self.record.events.push(self.event.clone());
-        (self.record, self.event)
+        let event = Arc::new(self.event);
+        self.record.events.push(Arc::clone(&event));
+        (self.record, event)
     }
 }
 
@@ -662,7 +671,7 @@ pub fn plan(
     {
         if let Some(event) = record.decision_of(report.attempt) {
             return Ok(Plan::Replay(Replay {
-                event: event.clone(),
+                event: Arc::clone(event),
                 policy: record.policy,
             }));
         }
@@ -699,7 +708,7 @@ pub fn plan(
                 // Asked again before the booked slot: the same deferral,
                 // without touching the bucket (no busy loop).
                 return Ok(Plan::Replay(Replay {
-                    event: event.clone(),
+                    event: Arc::clone(event),
                     policy: record.policy,
                 }));
             }
@@ -995,8 +1004,8 @@ fn transition(
     code: &str,
     reason: String,
     now_ms: i64,
-) -> Event {
-    Event {
+) -> Arc<Event> {
+    Arc::new(Event {
         kind,
         attempt,
         class: None,
@@ -1018,7 +1027,7 @@ fn transition(
         rule: None,
         hint: None,
         recorded_at_ms: now_ms,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -208,7 +208,11 @@ impl From<&Event> for pb::ActivityEvent {
 impl From<ActivityRecord> for pb::Activity {
     fn from(r: ActivityRecord) -> Self {
         Self {
-            events: r.events.iter().map(pb::ActivityEvent::from).collect(),
+            events: r
+                .events
+                .iter()
+                .map(|e| pb::ActivityEvent::from(&**e))
+                .collect(),
             tenant: r.tenant,
             activity_id: r.activity_id,
             workflow_id: r.workflow_id,
@@ -225,16 +229,17 @@ impl From<ActivityRecord> for pb::Activity {
 
 impl From<Decided> for pb::NextActionResponse {
     fn from(d: Decided) -> Self {
-        let e = d.event;
+        // The record that was saved shares the event: its strings are copied.
+        let e = &*d.event;
         debug_assert_eq!(e.kind, EventKind::Decision);
         Self {
             action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
-            code: e.code,
+            code: e.code.clone(),
             delay_seconds: e.delay_seconds,
             delay_ms: e.delay_ms,
             not_before: e.not_before_ms.map(timestamp),
             replayed: d.replayed,
-            reason: e.reason,
+            reason: e.reason.clone(),
             attempt: e.attempt,
             policy: Some(d.policy.into()),
             policy_conflict: d.policy_conflict,
@@ -245,9 +250,9 @@ impl From<Decided> for pb::NextActionResponse {
                 .map_or(pb::ErrorClass::Unspecified, error_class_to_pb)
                 as i32,
             hint: e.hint.as_ref().map(pb::ServerHint::from),
-            rule: e.rule.unwrap_or_default(),
+            rule: e.rule.clone().unwrap_or_default(),
             token_taken: e.token_taken,
-            defer_reason: e.defer_reason.unwrap_or_default(),
+            defer_reason: e.defer_reason.clone().unwrap_or_default(),
         }
     }
 }

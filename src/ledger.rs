@@ -92,6 +92,9 @@ pub enum SuccessOutcome {
     Closed,
 }
 
+/// A new version of a record, and what it replaces in the store.
+type ToSave = (ActivityRecord, Option<Replaced>);
+
 /// Durable activity budgets over a store.
 pub struct Ledger<S> {
     store: S,
@@ -138,17 +141,42 @@ impl<S: Store> Ledger<S> {
     ) -> Result<Decided, LedgerError> {
         let _guard = self.locks.lock(key).await;
         let previous = self.store.load(key).await?;
+        // Decided between the two awaits, in a plain function, so that this
+        // future holds across the save only the record being saved and the
+        // answer: a durable NextAction's state in flight is 1,640 bytes
+        // instead of 2,832 with the decision written inline.
+        let (decided, save) = self.decide(previous, key, report, gate, now_ms, dry_run)?;
+        if let Some((record, replaces)) = save {
+            self.store.save(record, replaces).await?;
+        }
+        Ok(decided)
+    }
+
+    /// The decision on a report against the stored record, and the record
+    /// to save for it: none for a replay or a dry run.
+    fn decide(
+        &self,
+        previous: Option<ActivityRecord>,
+        key: &ActivityKey,
+        report: &Report<'_>,
+        gate: impl TokenGate,
+        now_ms: i64,
+        dry_run: bool,
+    ) -> Result<(Decided, Option<ToSave>), LedgerError> {
         let replaces = previous.as_ref().map(Replaced::of);
         let requested = report.policy.map(|p| p.or_defaults(self.defaults.policy));
         let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
         match activity::plan(previous, key, report, &self.defaults, now_ms)? {
-            Plan::Replay(replay) => Ok(Decided {
-                policy_conflict: conflict(&replay.policy),
-                class_conflict: replay.event.class.is_some_and(|c| c != report.class),
-                event: replay.event,
-                policy: replay.policy,
-                replayed: true,
-            }),
+            Plan::Replay(replay) => Ok((
+                Decided {
+                    policy_conflict: conflict(&replay.policy),
+                    class_conflict: replay.event.class.is_some_and(|c| c != report.class),
+                    event: replay.event,
+                    policy: replay.policy,
+                    replayed: true,
+                },
+                None,
+            )),
             Plan::Fresh(mut draft) => {
                 if draft.wants_token() && !dry_run {
                     match gate.take(now_ms, draft.max_wait_ms(now_ms)) {
@@ -161,17 +189,14 @@ impl<S: Store> Ledger<S> {
                     }
                 }
                 let (record, event) = draft.finish();
-                let policy = record.policy;
-                if !dry_run {
-                    self.store.save(record, replaces).await?;
-                }
-                Ok(Decided {
-                    policy_conflict: conflict(&policy),
+                let decided = Decided {
+                    policy_conflict: conflict(&record.policy),
                     class_conflict: false,
                     event,
-                    policy,
+                    policy: record.policy,
                     replayed: false,
-                })
+                };
+                Ok((decided, (!dry_run).then_some((record, replaces))))
             }
         }
     }

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Flame graphs of the server under load, one per scenario, and a
+# differential one of each scenario against the first: where the time of a
+# request goes, kernel and waits on memory included (what the instruction
+# counts of benches/profile.sh leave out).
+#
+#   benches/flame.sh [--seconds N] [--out DIR] [SCENARIO...]
+#
+# Scenarios default to: pure-next-action durable-next-action. For each, a
+# fresh release server runs on CPU 0 (fresh data directory) and the load
+# generator drives it in closed loop from CPU 1 (128 streams over 4
+# connections, as in run.sh's durable scenarios); after 2 s of warm-up,
+# `perf record` samples every server thread (cpu-clock, 999 Hz, DWARF call
+# graphs) for N seconds (default 4). Written to DIR (default
+# target/bench-results/flame-DATE):
+#   SCENARIO.svg          the flame graph (open it in a browser: it zooms)
+#   SCENARIO.folded       the folded stacks, with the request count beside
+#   SCENARIO-vs-FIRST.svg differential: red where SCENARIO spends more of
+#                         its samples than the first scenario, blue less
+# and the CPU a request of each server thread, in microseconds, on stdout.
+#
+# Needs perf (Debian: linux-perf) and inferno (`cargo install inferno`),
+# root or kernel.perf_event_paranoid <= 1, and python3.
+set -euo pipefail
+
+SECONDS_WINDOW=4
+OUT=""
+SCENARIOS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) SECONDS_WINDOW=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) SCENARIOS+=("$1") ;;
+  esac
+  shift
+done
+[ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(pure-next-action durable-next-action)
+for tool in perf inferno-collapse-perf inferno-flamegraph inferno-diff-folded; do
+  command -v "$tool" >/dev/null || {
+    echo "flame.sh: $tool is needed (perf: apt-get install linux-perf; the rest: cargo install inferno)" >&2
+    exit 1
+  }
+done
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+OUT=${OUT:-$ROOT/target/bench-results/flame-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/retry-budget-flame.XXXXXX")
+PID=""
+cleanup() {
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -TERM "$PID"; wait "$PID" || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+PIN0=(); PIN1=()
+if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 0); PIN1=(taskset -c 1); fi
+
+(cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
+SERVER="$TARGET_DIR/release/retry-budget"
+LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
+PORT=${FLAME_PORT:-50290}
+WARMUP=2
+
+for s in "${SCENARIOS[@]}"; do
+  PORT=$((PORT + 1))
+  echo "sampling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
+  "${PIN0[@]}" "$SERVER" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data-$s" --drain-delay 0s \
+    --retry-rate 1000000 --retry-burst 1000000 2>"$WORK/$s.server.log" &
+  PID=$!
+  for _ in $(seq 1 100); do
+    grep -q 'serving' "$WORK/$s.server.log" && break
+    sleep 0.1
+  done
+  # The generator's window is the samples' window: warm-up, then perf.
+  "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario "$s" \
+    --connections 4 --concurrency 128 --warmup "${WARMUP}s" --duration "${SECONDS_WINDOW}s" \
+    --label "flame/$s" >"$OUT/$s.json" &
+  GEN=$!
+  sleep "$WARMUP"
+  perf record -q -F 999 --call-graph dwarf,16384 -p "$PID" -o "$WORK/$s.perf" \
+    -- sleep "$SECONDS_WINDOW" 2>/dev/null
+  wait "$GEN"
+  kill -TERM "$PID"
+  wait "$PID" || true
+  PID=""
+  perf script -i "$WORK/$s.perf" 2>/dev/null | inferno-collapse-perf --all >"$OUT/$s.folded"
+  requests=$(python3 -c "import json; print(json.load(open('$OUT/$s.json'))['requests'])")
+  inferno-flamegraph --title "$s: server CPU, $requests requests in ${SECONDS_WINDOW}s (cpu-clock, 999 Hz)" \
+    <"$OUT/$s.folded" >"$OUT/$s.svg"
+  # CPU a request by thread (the folded stack's first frame): inferno
+  # weighs each cpu-clock sample by its period, in nanoseconds.
+  python3 - "$OUT/$s.folded" "$requests" "$s" <<'EOF'
+import collections, sys
+folded, requests, scenario = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+threads = collections.Counter()
+for line in open(folded):
+    stack, _, count = line.rstrip().rpartition(" ")
+    threads[stack.split(";", 1)[0]] += int(count)
+total = sum(threads.values())
+us = lambda n: n / 1e3 / max(1, requests)
+print(f"{scenario}: {requests} requests, {us(total):.1f} us of server CPU a request: "
+      + ", ".join(f"{t} {us(n):.1f}" for t, n in threads.most_common()))
+EOF
+done
+
+first=${SCENARIOS[0]}
+for s in "${SCENARIOS[@]:1}"; do
+  inferno-diff-folded --normalize "$OUT/$first.folded" "$OUT/$s.folded" |
+    inferno-flamegraph --title "$s against $first: red more, blue less (share of samples)" \
+      >"$OUT/$s-vs-$first.svg"
+done
+echo "flame graphs in $OUT" >&2

@@ -20,7 +20,7 @@ set -euo pipefail
 A=$1; B=$2; shift 2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 L=${CARGO_TARGET_DIR:-$ROOT/target}/release/retry-budget-loadgen
-PORT=${BENCH_PORT:-50191}
+PORT=${BENCH_PORT:-21191}
 PID=""; DATA=""
 cleanup() {
   if [ -n "$PID" ]; then kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; fi

@@ -12,7 +12,7 @@
 set -euo pipefail
 [ $# -eq 2 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 A=$1; B=$2
-PORT=${BENCH_PORT:-50192}
+PORT=${BENCH_PORT:-21192}
 WORK=$(mktemp -d)
 PID=""
 cleanup() {

@@ -61,7 +61,7 @@ if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 
 (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
 SERVER="$TARGET_DIR/release/retry-budget"
 LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
-PORT=${FLAME_PORT:-50290}
+PORT=${FLAME_PORT:-21290}
 WARMUP=2
 
 for s in "${SCENARIOS[@]}"; do

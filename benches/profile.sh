@@ -53,7 +53,7 @@ if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 
 (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
 SERVER="$TARGET_DIR/release/retry-budget"
 LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
-PORT=${PROFILE_PORT:-50270}
+PORT=${PROFILE_PORT:-21270}
 
 for s in "${SCENARIOS[@]}"; do
   PORT=$((PORT + 1))

@@ -33,7 +33,11 @@ usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 
 QUICK=0
 OUT=""
-PORT=${BENCH_PORT:-50170}
+# Servers listen on ports from here up, below the kernel's range of
+# ephemeral ports (32768-60999 by default): from 50170 up, a port that a
+# client connection of an earlier step still held made a server fail to
+# start (run W, "Address already in use").
+PORT=${BENCH_PORT:-21170}
 STORED_BIG=""
 NICE=0
 while [ $# -gt 0 ]; do

@@ -73,9 +73,6 @@ pub fn seal(entry: &mut [u8]) {
 /// # Errors
 /// What `write` returns.
 pub fn entry<E>(write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<Vec<u8>, E> {
-    thread_local! {
-        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    }
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
         buf.extend_from_slice(&[0; FRAME]);
@@ -90,6 +87,11 @@ pub fn entry<E>(write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<Vec
         }
         entry
     })
+}
+
+thread_local! {
+    /// The buffer [`entry`] encodes into, one a thread.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The largest buffer [`entry`] keeps between calls.
@@ -236,6 +238,46 @@ mod tests {
         }
         segment.append(&framed).unwrap();
         segment
+    }
+
+    #[test]
+    fn built_entries_are_sealed_at_their_exact_size() {
+        let sealed = |payload: &[u8]| {
+            let mut entry = open_frame(payload.len());
+            entry.extend_from_slice(payload);
+            seal(&mut entry);
+            entry
+        };
+        let small = entry(|buf| {
+            buf.extend_from_slice(b"small");
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(small, sealed(b"small"));
+        assert_eq!(small.capacity(), small.len(), "no spare room is held");
+
+        // A failed write returns its error, and leaves nothing behind for
+        // the next entry; nor does an entry larger than the kept buffer.
+        let failed = entry(|buf| {
+            buf.extend_from_slice(b"half");
+            Err("failed")
+        });
+        assert_eq!(failed, Err("failed"));
+        let big = vec![7u8; SCRATCH_KEPT + 1];
+        let large = entry(|buf| {
+            buf.extend_from_slice(&big);
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(large, sealed(&big));
+        let after = entry(|buf| {
+            buf.extend_from_slice(b"after");
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(after, sealed(b"after"));
+        let kept = SCRATCH.with_borrow(Vec::capacity);
+        assert!(kept <= SCRATCH_KEPT, "the large buffer was let go: {kept}");
     }
 
     #[test]

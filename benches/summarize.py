@@ -26,7 +26,8 @@ NOISY_CORES = 0.25
 # send time then charges that to the server (windows of 30 to 170 ms p99
 # with nearly as much send lag were seen on the 2-core VM). A request that
 # waits for an idle client because the server is slow to answer is the
-# server's latency, and counts: the pacer's lag leaves that wait out.
+# server's latency, and counts: the pacer's lag leaves that wait out, and
+# (since run Y) the lateness the due times after it inherit from it.
 # Results from before the loadgen reported `pacer_lag_us` fall back on
 # `send_lag_us`, which includes it.
 #

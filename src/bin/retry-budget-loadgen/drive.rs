@@ -1,6 +1,6 @@
 //! The closed and open loops, the measurement window, and what they count.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -57,8 +57,9 @@ pub struct Tally {
     /// microseconds: the pacer's lag plus any wait for an idle client.
     lag_us: Histogram<u64>,
     /// Open loop: how late the pacer itself came to each due time, in
-    /// microseconds, before any wait for an idle client: the generator's
-    /// own lag, which a slow server cannot cause.
+    /// microseconds, less the lateness it inherited from waits for an idle
+    /// client (see [`OwnLag`]): the generator's own lag, which a slow
+    /// server cannot cause.
     pacer_lag_us: Histogram<u64>,
     /// Successful requests.
     ok: u64,
@@ -261,6 +262,7 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
     let total = ((timing.warmup + timing.duration).as_secs_f64() * rate).floor() as u64;
     let mut due_count = 0u64;
     let mut late_to_end = 0u64;
+    let mut own_lag = OwnLag::default();
     for i in 0..total {
         let due = begin + Duration::from_secs_f64(i as f64 / rate);
         pace_until(due).await;
@@ -269,6 +271,7 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
             break;
         };
         let sent = Instant::now();
+        let pacer_lag = own_lag.of(due, paced, sent);
         if due >= window.start {
             due_count += 1;
         }
@@ -287,7 +290,7 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
             if due >= window.start {
                 let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
                 record(&mut tally.lag_us, sent - due);
-                record(&mut tally.pacer_lag_us, paced - due);
+                record(&mut tally.pacer_lag_us, pacer_lag);
                 tally.record(done - due, outcome);
             }
             let _ = idle_tx.send(client).await;
@@ -321,6 +324,44 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
     (tally, report)
 }
 
+/// The open loop's own lateness, apart from what the server causes.
+///
+/// A request released late because every client was busy (the server slow
+/// to answer) leaves the requests due after it late as well, though the
+/// pacer then releases them as fast as it can: that lateness is the
+/// server's, and their latencies, measured from their due times, charge it
+/// to the server. What this keeps is the rest: of the time between a due
+/// time and the pacer coming to it, the part during which the pacer was
+/// not waiting for a client. Without it, a server stall long enough to
+/// occupy every client showed as the generator's lag, and the summary set
+/// aside the very windows that should count against the server.
+#[derive(Debug, Default)]
+struct OwnLag {
+    /// The waits for an idle client that may still overlap a due time to
+    /// come, oldest first: `(from, until)`.
+    waits: VecDeque<(Instant, Instant)>,
+}
+
+impl OwnLag {
+    /// The pacer's own lag for a request due at `due`, come to by the pacer
+    /// at `paced` and given a client at `sent`.
+    fn of(&mut self, due: Instant, paced: Instant, sent: Instant) -> Duration {
+        // Due times only grow: a wait over before this one is over for all.
+        while self.waits.front().is_some_and(|&(_, until)| until <= due) {
+            self.waits.pop_front();
+        }
+        let waited: Duration = self
+            .waits
+            .iter()
+            .map(|&(from, until)| until.min(paced).saturating_duration_since(from.max(due)))
+            .sum();
+        if sent > paced {
+            self.waits.push_back((paced, sent));
+        }
+        paced.saturating_duration_since(due).saturating_sub(waited)
+    }
+}
+
 /// Waits until `due`: tokio's timer for the bulk, then yielding (so other
 /// tasks run) for the last stretch, to send within microseconds of it.
 async fn pace_until(due: Instant) {
@@ -334,5 +375,47 @@ async fn pace_until(due: Instant) {
         } else {
             tokio::task::yield_now().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn lateness_after_a_wait_for_a_client_is_not_the_pacers() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        let mut lag = OwnLag::default();
+        // On time, a client at once.
+        assert_eq!(lag.of(at(0), at(0), at(0)), us(0));
+        // Every client busy: 900 us until one comes back (the server's).
+        assert_eq!(lag.of(at(30), at(30), at(930)), us(0));
+        // The requests due meanwhile go out as fast as the pacer can: late,
+        // but only by the microseconds the pacer itself took since the wait.
+        assert_eq!(lag.of(at(60), at(932), at(932)), us(2));
+        assert_eq!(lag.of(at(90), at(934), at(934)), us(4));
+        // Caught up: on time again; the old wait is forgotten.
+        assert_eq!(lag.of(at(2000), at(2000), at(2000)), us(0));
+        assert!(lag.waits.is_empty());
+        // The pacer itself 500 us late: that is its own, and so is what the
+        // next due time inherits from it.
+        assert_eq!(lag.of(at(2030), at(2530), at(2530)), us(500));
+        assert_eq!(lag.of(at(2060), at(2540), at(2540)), us(480));
+    }
+
+    #[test]
+    fn the_pacers_own_lag_during_a_backlog_still_counts() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        let mut lag = OwnLag::default();
+        // A 1 ms wait for a client, then the pacer stalls 2 ms on its own:
+        // of the 2,970 us the next request is late, 970 were the wait.
+        assert_eq!(lag.of(at(0), at(0), at(1000)), us(0));
+        assert_eq!(lag.of(at(30), at(3000), at(3000)), us(2000));
     }
 }

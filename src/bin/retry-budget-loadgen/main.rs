@@ -15,8 +15,9 @@
 //!   time the request was *due*, not from when it was sent, so a stall
 //!   counts against every request that waited behind it (no coordinated
 //!   omission). `pacer_lag_us` says how late the generator itself came to
-//!   each due time; `send_lag_us` adds any wait for an idle client (every
-//!   client busy: the server is slow to answer).
+//!   each due time, leaving out what it inherited from waits for an idle
+//!   client; `send_lag_us` is all of the lateness at release, those waits
+//!   (every client busy: the server is slow to answer) included.
 //!
 //! Only requests that start after `--warmup` and finish within
 //! `--duration` after it are counted.

@@ -113,11 +113,14 @@ log() { printf '%s\n' "$*" >&2; }
 emit_json() {
   python3 - "$@" >>"$OUT" <<'PY'
 import json, sys
+# Always strings, whatever they look like: a short commit hash such as
+# 8e44031 reads as a float (infinity) otherwise.
+TEXT = {"commit", "label", "path", "date", "cpu", "kernel", "loadavg", "work_dir"}
 rec = {}
 for arg in sys.argv[1:]:
     k, _, v = arg.partition("=")
     try:
-        rec[k] = json.loads(v)
+        rec[k] = v if k in TEXT else json.loads(v)
     except ValueError:
         rec[k] = v
 print(json.dumps(rec))

@@ -338,25 +338,43 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
 #[derive(Debug, Default)]
 struct OwnLag {
     /// The waits for an idle client that may still overlap a due time to
-    /// come, oldest first: `(from, until)`.
-    waits: VecDeque<(Instant, Instant)>,
+    /// come, oldest first, each with the total of the waits before it.
+    waits: VecDeque<Wait>,
+    /// The total of every wait so far.
+    total: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Wait {
+    from: Instant,
+    until: Instant,
+    /// `OwnLag::total` when this wait began.
+    before: Duration,
 }
 
 impl OwnLag {
     /// The pacer's own lag for a request due at `due`, come to by the pacer
-    /// at `paced` and given a client at `sent`.
+    /// at `paced` and given a client at `sent`. Constant time (amortized):
+    /// in a backlog of thousands of requests, a scan of the waits each time
+    /// slowed the generator until it could not catch up.
     fn of(&mut self, due: Instant, paced: Instant, sent: Instant) -> Duration {
         // Due times only grow: a wait over before this one is over for all.
-        while self.waits.front().is_some_and(|&(_, until)| until <= due) {
+        while self.waits.front().is_some_and(|w| w.until <= due) {
             self.waits.pop_front();
         }
-        let waited: Duration = self
-            .waits
-            .iter()
-            .map(|&(from, until)| until.min(paced).saturating_duration_since(from.max(due)))
-            .sum();
+        // Every wait recorded ended before `paced`; those still held end
+        // after `due`, so they overlap [due, paced] but for the part of
+        // the first one before `due`.
+        let waited = self.waits.front().map_or(Duration::ZERO, |first| {
+            (self.total - first.before).saturating_sub(due.saturating_duration_since(first.from))
+        });
         if sent > paced {
-            self.waits.push_back((paced, sent));
+            self.waits.push_back(Wait {
+                from: paced,
+                until: sent,
+                before: self.total,
+            });
+            self.total += sent - paced;
         }
         paced.saturating_duration_since(due).saturating_sub(waited)
     }
@@ -417,5 +435,21 @@ mod tests {
         // of the 2,970 us the next request is late, 970 were the wait.
         assert_eq!(lag.of(at(0), at(0), at(1000)), us(0));
         assert_eq!(lag.of(at(30), at(3000), at(3000)), us(2000));
+    }
+
+    #[test]
+    fn several_waits_in_one_backlog_are_all_excused() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        let mut lag = OwnLag::default();
+        assert_eq!(lag.of(at(0), at(0), at(100)), us(0));
+        assert_eq!(lag.of(at(10), at(101), at(300)), us(1));
+        assert_eq!(lag.of(at(20), at(302), at(500)), us(3));
+        // Due at 30, come to at 505: 475 us late, of which the waits
+        // [30, 100], [101, 300] and [302, 500] were 467.
+        assert_eq!(lag.of(at(30), at(505), at(505)), us(8));
+        // Due at 150: the first wait is over; [150, 300] and [302, 500]
+        // explain 348 of the 357.
+        assert_eq!(lag.of(at(150), at(507), at(507)), us(9));
     }
 }

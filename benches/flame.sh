@@ -24,17 +24,9 @@
 set -euo pipefail
 
 SECONDS_WINDOW=4
-OUT=""
-SCENARIOS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --seconds) SECONDS_WINDOW=$2; shift ;;
-    --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) SCENARIOS+=("$1") ;;
-  esac
-  shift
-done
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
+bench_options 23 "$@"
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(pure-next-action durable-next-action)
 for tool in perf inferno-collapse-perf inferno-flamegraph inferno-diff-folded; do
   command -v "$tool" >/dev/null || {
@@ -43,37 +35,14 @@ for tool in perf inferno-collapse-perf inferno-flamegraph inferno-diff-folded; d
   }
 done
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-OUT=${OUT:-$ROOT/target/bench-results/flame-$(date -u +%Y%m%dT%H%M%SZ)}
-mkdir -p "$OUT"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/retry-budget-flame.XXXXXX")
-PID=""
-cleanup() {
-  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -TERM "$PID"; wait "$PID" || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-PIN0=(); PIN1=()
-if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 0); PIN1=(taskset -c 1); fi
-
-(cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
-SERVER="$TARGET_DIR/release/retry-budget"
-LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
+bench_setup flame
 PORT=${FLAME_PORT:-21290}
 WARMUP=2
 
 for s in "${SCENARIOS[@]}"; do
   PORT=$((PORT + 1))
   echo "sampling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
-  "${PIN0[@]}" "$SERVER" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data-$s" --drain-delay 0s \
-    --retry-rate 1000000 --retry-burst 1000000 2>"$WORK/$s.server.log" &
-  PID=$!
-  for _ in $(seq 1 100); do
-    grep -q 'serving' "$WORK/$s.server.log" && break
-    sleep 0.1
-  done
+  bench_serve "$WORK/$s.server.log" "$PORT" "$WORK/data-$s"
   # The generator's window is the samples' window: warm-up, then perf.
   "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario "$s" \
     --connections 4 --concurrency 128 --warmup "${WARMUP}s" --duration "${SECONDS_WINDOW}s" \

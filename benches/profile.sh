@@ -21,51 +21,20 @@ set -euo pipefail
 
 SECONDS_WINDOW=8
 WARMUP=4
-OUT=""
-SCENARIOS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --seconds) SECONDS_WINDOW=$2; shift ;;
-    --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) SCENARIOS+=("$1") ;;
-  esac
-  shift
-done
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
+bench_options 19 "$@"
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(health retry-delay pure-next-action durable-next-action)
 command -v valgrind >/dev/null || { echo "profile.sh: valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-OUT=${OUT:-$ROOT/target/bench-results/profile-$(date -u +%Y%m%dT%H%M%SZ)}
-mkdir -p "$OUT"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/retry-budget-profile.XXXXXX")
-PID=""
-cleanup() {
-  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -TERM "$PID"; wait "$PID" || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-PIN0=(); PIN1=()
-if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 0); PIN1=(taskset -c 1); fi
-
-(cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
-SERVER="$TARGET_DIR/release/retry-budget"
-LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
+bench_setup profile
 PORT=${PROFILE_PORT:-21270}
 
 for s in "${SCENARIOS[@]}"; do
   PORT=$((PORT + 1))
   echo "profiling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
-  "${PIN0[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/$s.%p" \
-    "$SERVER" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data-$s" --drain-delay 0s \
-    --retry-rate 1000000 --retry-burst 1000000 2>"$OUT/$s.server.log" &
-  PID=$!
-  for _ in $(seq 1 300); do
-    grep -q 'serving' "$OUT/$s.server.log" && break
-    sleep 0.1
-  done
+  bench_serve "$OUT/$s.server.log" "$PORT" "$WORK/data-$s" \
+    valgrind --tool=callgrind --callgrind-out-file="$WORK/$s.%p"
   (
     sleep "$WARMUP"
     callgrind_control -z "$PID" >/dev/null

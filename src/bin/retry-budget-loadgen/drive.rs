@@ -400,56 +400,64 @@ async fn pace_until(due: Instant) {
 mod tests {
     use super::*;
 
-    fn us(n: u64) -> Duration {
-        Duration::from_micros(n)
+    /// The own lags, in microseconds, of requests given as (due, paced,
+    /// sent) in microseconds from one origin; and the waits still held.
+    fn own_lags(steps: &[(u64, u64, u64)]) -> (Vec<u64>, usize) {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + Duration::from_micros(n);
+        let mut lag = OwnLag::default();
+        let lags = steps
+            .iter()
+            .map(|&(due, paced, sent)| {
+                let own = lag.of(at(due), at(paced), at(sent));
+                u64::try_from(own.as_micros()).unwrap()
+            })
+            .collect();
+        (lags, lag.waits.len())
     }
 
     #[test]
     fn lateness_after_a_wait_for_a_client_is_not_the_pacers() {
-        let t0 = Instant::now();
-        let at = |n: u64| t0 + us(n);
-        let mut lag = OwnLag::default();
-        // On time, a client at once.
-        assert_eq!(lag.of(at(0), at(0), at(0)), us(0));
-        // Every client busy: 900 us until one comes back (the server's).
-        assert_eq!(lag.of(at(30), at(30), at(930)), us(0));
-        // The requests due meanwhile go out as fast as the pacer can: late,
-        // but only by the microseconds the pacer itself took since the wait.
-        assert_eq!(lag.of(at(60), at(932), at(932)), us(2));
-        assert_eq!(lag.of(at(90), at(934), at(934)), us(4));
-        // Caught up: on time again; the old wait is forgotten.
-        assert_eq!(lag.of(at(2000), at(2000), at(2000)), us(0));
-        assert!(lag.waits.is_empty());
-        // The pacer itself 500 us late: that is its own, and so is what the
-        // next due time inherits from it.
-        assert_eq!(lag.of(at(2030), at(2530), at(2530)), us(500));
-        assert_eq!(lag.of(at(2060), at(2540), at(2540)), us(480));
+        let steps = [
+            // On time, a client at once.
+            (0, 0, 0),
+            // Every client busy: 900 us until one comes back (the server's).
+            (30, 30, 930),
+            // The requests due meanwhile go out as fast as the pacer can:
+            // late, but only by the microseconds the pacer took since.
+            (60, 932, 932),
+            (90, 934, 934),
+            // Caught up: on time again; the old wait is forgotten.
+            (2000, 2000, 2000),
+            // The pacer itself 500 us late: that is its own, and so is what
+            // the next due time inherits from it.
+            (2030, 2530, 2530),
+            (2060, 2540, 2540),
+        ];
+        assert_eq!(own_lags(&steps), (vec![0, 0, 2, 4, 0, 500, 480], 0));
     }
 
     #[test]
     fn the_pacers_own_lag_during_a_backlog_still_counts() {
-        let t0 = Instant::now();
-        let at = |n: u64| t0 + us(n);
-        let mut lag = OwnLag::default();
         // A 1 ms wait for a client, then the pacer stalls 2 ms on its own:
         // of the 2,970 us the next request is late, 970 were the wait.
-        assert_eq!(lag.of(at(0), at(0), at(1000)), us(0));
-        assert_eq!(lag.of(at(30), at(3000), at(3000)), us(2000));
+        let steps = [(0, 0, 1000), (30, 3000, 3000)];
+        assert_eq!(own_lags(&steps).0, [0, 2000]);
     }
 
     #[test]
     fn several_waits_in_one_backlog_are_all_excused() {
-        let t0 = Instant::now();
-        let at = |n: u64| t0 + us(n);
-        let mut lag = OwnLag::default();
-        assert_eq!(lag.of(at(0), at(0), at(100)), us(0));
-        assert_eq!(lag.of(at(10), at(101), at(300)), us(1));
-        assert_eq!(lag.of(at(20), at(302), at(500)), us(3));
-        // Due at 30, come to at 505: 475 us late, of which the waits
-        // [30, 100], [101, 300] and [302, 500] were 467.
-        assert_eq!(lag.of(at(30), at(505), at(505)), us(8));
-        // Due at 150: the first wait is over; [150, 300] and [302, 500]
-        // explain 348 of the 357.
-        assert_eq!(lag.of(at(150), at(507), at(507)), us(9));
+        let steps = [
+            (0, 0, 100),
+            (10, 101, 300),
+            (20, 302, 500),
+            // Due at 30, come to at 505: 475 us late, of which the waits
+            // [30, 100], [101, 300] and [302, 500] were 467.
+            (30, 505, 505),
+            // Due at 150: the first wait is over; [150, 300] and [302, 500]
+            // explain 348 of the 357.
+            (150, 507, 507),
+        ];
+        assert_eq!(own_lags(&steps), (vec![0, 1, 3, 8, 9], 2));
     }
 }

@@ -171,10 +171,9 @@ struct Records {
 }
 
 impl Records {
-    /// The hash of a key given as strings: `(&str, &str)` and
-    /// `(&String, &String)` hash alike.
+    /// The hash of a key, given as its two strings.
     fn hash(&self, tenant: &str, activity_id: &str) -> u64 {
-        self.hasher.hash_one((tenant, activity_id))
+        key_hash(&self.hasher, tenant, activity_id)
     }
 
     fn get(&self, key: &ActivityKey) -> Option<&Pending> {
@@ -195,7 +194,7 @@ impl Records {
         match self.table.entry(
             hash,
             |p| p.record.tenant == *tenant && p.record.activity_id == *id,
-            |p| hasher.hash_one((&p.record.tenant, &p.record.activity_id)),
+            |p| key_hash(hasher, &p.record.tenant, &p.record.activity_id),
         ) {
             hash_table::Entry::Occupied(mut held) => {
                 pending.stored_purge = held.get().stored_purge;
@@ -219,6 +218,11 @@ impl Records {
     fn len(&self) -> usize {
         self.table.len()
     }
+}
+
+/// The one way a key is hashed, for lookups and when the table grows alike.
+fn key_hash(hasher: &foldhash::fast::RandomState, tenant: &str, activity_id: &str) -> u64 {
+    hasher.hash_one((tenant, activity_id))
 }
 
 /// The records of one journal segment, being checkpointed.

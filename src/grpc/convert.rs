@@ -229,7 +229,8 @@ impl From<ActivityRecord> for pb::Activity {
 
 impl From<Decided> for pb::NextActionResponse {
     fn from(d: Decided) -> Self {
-        // The record that was saved shares the event: its strings are copied.
+        // The event is shared with the record (the one just saved, or the
+        // stored one for a replay): its strings are copied.
         let e = &*d.event;
         debug_assert_eq!(e.kind, EventKind::Decision);
         Self {

@@ -333,3 +333,55 @@ async fn redb_a_closed_store_leaves_no_journal_behind() {
     let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
     assert_eq!(store.load(&k).await.unwrap(), Some(r));
 }
+
+/// A checkpointed segment is recycled: the next segment writes over it, and
+/// past its new entries it still holds its old ones, intact. A crash then
+/// must replay only the new ones: replaying an old one would put back a
+/// version older than the one redb holds.
+#[tokio::test]
+async fn redb_a_recycled_segment_replays_only_its_new_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = RedbStoreOptions::new(dir.path());
+    options.checkpoint_on_close = false;
+    let store = RedbStore::open(&options).unwrap();
+    let keys: Vec<_> = (0..10).map(|i| key("recycle", &format!("k{i}"))).collect();
+    let firsts: Vec<_> = keys
+        .iter()
+        .map(|k| record(k, ErrorClass::Transient, 3600))
+        .collect();
+    for first in &firsts {
+        store.save(first.clone(), None).await.unwrap();
+    }
+    // The segment holding the ten first versions is checkpointed and kept
+    // as the spare.
+    store.checkpoint().await.unwrap();
+    assert!(dir.path().join("journal.spare").exists());
+    let mut newest = Vec::new();
+    for first in &firsts {
+        let closed = record_success(first.clone(), Some(NOW + 1), NOW + 2).expect("open");
+        store
+            .save(closed.clone(), Some(Replaced::of(first)))
+            .await
+            .unwrap();
+        newest.push(closed);
+    }
+    // The next segment is the spare, written over; the closed versions are
+    // checkpointed into redb.
+    store.checkpoint().await.unwrap();
+    // One new entry, as long as the old first one ("x0" and "k0" are the
+    // same length): the old second entry is now where a next entry would be.
+    let x0 = record(&key("recycle", "x0"), ErrorClass::Transient, 3600);
+    store.save(x0.clone(), None).await.unwrap();
+    drop(store);
+
+    let segments = journal_segments(dir.path());
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let len = std::fs::metadata(&segments[0]).unwrap().len();
+    assert!(len > 1000, "the segment is the recycled one ({len} bytes)");
+
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    for r in newest.iter().chain([&x0]) {
+        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
+    }
+    assert_eq!(store.count().await.unwrap(), 11);
+}

@@ -1,14 +1,28 @@
-//! The write-ahead journal of the embedded store: append-only segment files
-//! of framed entries, made durable with one `fdatasync` per group commit.
+//! The write-ahead journal of the embedded store: segment files of framed
+//! entries, made durable with one `fdatasync` per group commit.
 //!
 //! A segment is `journal-<generation>.log` in the data directory: an 8-byte
 //! magic, then entries. An entry is its payload's length (u32, little
-//! endian), the CRC-32 of the payload (u32, little endian), then the payload
-//! (one activity record, encoded by `store::codec`). A crash can leave a torn last entry; the
-//! reader stops at the first entry that is short or fails its checksum, and
-//! says how many bytes it ignored. Nothing after a torn entry was ever
-//! acknowledged, because a group is acknowledged only after the `fdatasync`
-//! that covers all of it.
+//! endian), the CRC-32 of the payload (u32, little endian), the segment's
+//! generation (u64, little endian), then the payload (one activity record,
+//! encoded by `store::codec`). A crash can leave a torn last entry; the
+//! reader stops at the first entry that is short, fails its checksum or
+//! names another generation, and says how many bytes it ignored. Nothing
+//! after a torn entry was ever acknowledged, because a group is acknowledged
+//! only after the `fdatasync` that covers all of it.
+//!
+//! # Recycled segments
+//! A checkpointed segment is not deleted but renamed to [`SPARE`], and the
+//! next segment is that file under its new name, written over from the
+//! start. Writing over blocks the file already has leaves its size and
+//! extents alone, so each group's `fdatasync` writes the data and nothing
+//! else; appending to a growing file makes every `fdatasync` commit the
+//! file system's journal as well (on ext4, about twice the latency; see
+//! BENCHMARKS.md). Past the last entry written since, a recycled file
+//! still holds the entries of its earlier generation, each intact and in
+//! place: the generation in every entry is what stops the reader there.
+//! The first format (magic `rbjrnl01`, entries without the generation) is
+//! still read; such segments are replayed and deleted, never recycled.
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -16,9 +30,17 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// The first bytes of every segment.
-const MAGIC: &[u8; 8] = b"rbjrnl01";
-/// Bytes before an entry's payload: length, then checksum.
+const MAGIC: &[u8; 8] = b"rbjrnl02";
+/// The first bytes of a segment of the first format, read at recovery.
+const MAGIC_V1: &[u8; 8] = b"rbjrnl01";
+/// Bytes before an entry's payload in memory: length, then checksum. The
+/// generation is added when the entry is written to a segment.
 const FRAME: usize = 8;
+/// Bytes before an entry's payload in a segment: length, checksum, then the
+/// segment's generation.
+const DISK_FRAME: usize = FRAME + 8;
+/// The name of the checkpointed segment kept for the next one.
+pub const SPARE: &str = "journal.spare";
 /// No record comes near this; a larger length is a torn or corrupt frame.
 const MAX_PAYLOAD: usize = 64 << 20;
 
@@ -107,45 +129,84 @@ pub fn payload(entry: &[u8]) -> &[u8] {
 pub struct Contents {
     /// The payloads of its intact entries, in order.
     pub payloads: Vec<Vec<u8>>,
-    /// Bytes after the last intact entry (a torn tail), ignored.
+    /// Bytes after the last intact entry, ignored.
     pub ignored_bytes: usize,
+    /// Whether those bytes begin with an entry of this segment that is short
+    /// or fails its checksum: a torn write, from a group whose `fdatasync`
+    /// never returned. Otherwise they are what a recycled file held before,
+    /// or nothing.
+    pub torn: bool,
 }
 
-/// Reads a segment. A file shorter than the magic (created, then the crash
-/// came before its first write was synced) holds nothing.
+/// Reads segment `generation`. A file shorter than the magic (created, then
+/// the crash came before its first write was synced) holds nothing.
 ///
 /// # Errors
 /// An I/O error, or `InvalidData` when the file is not a journal segment.
-pub fn read(path: &Path) -> io::Result<Contents> {
+pub fn read(path: &Path, generation: u64) -> io::Result<Contents> {
     let bytes = std::fs::read(path)?;
     if bytes.len() < MAGIC.len() {
         return Ok(Contents {
             payloads: Vec::new(),
             ignored_bytes: bytes.len(),
+            torn: false,
         });
     }
-    if &bytes[..MAGIC.len()] != MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} is not a retry-budget journal segment", path.display()),
-        ));
-    }
+    let frame = match &bytes[..MAGIC.len()] {
+        magic if magic == MAGIC => DISK_FRAME,
+        magic if magic == MAGIC_V1 => FRAME,
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a retry-budget journal segment", path.display()),
+            ));
+        }
+    };
     let mut contents = Contents::default();
     let mut at = MAGIC.len();
-    while let Some(header) = bytes.get(at..at + FRAME) {
-        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-        let Some(payload) = bytes.get(at + FRAME..at + FRAME + len) else {
+    loop {
+        let Some(header) = bytes.get(at..at + frame) else {
+            contents.torn = at < bytes.len();
             break;
         };
-        if len == 0 || len > MAX_PAYLOAD || crc32fast::hash(payload) != crc {
+        if frame == DISK_FRAME && header[FRAME..] != generation.to_le_bytes() {
+            // An entry of the generation this file held before it was
+            // recycled (or zeros): the end of this one.
             break;
         }
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let payload = bytes
+            .get(at + frame..at + frame + len)
+            .filter(|p| !p.is_empty() && len <= MAX_PAYLOAD && crc32fast::hash(p) == crc);
+        let Some(payload) = payload else {
+            contents.torn = true;
+            break;
+        };
         contents.payloads.push(payload.to_vec());
-        at += FRAME + len;
+        at += frame + len;
     }
     contents.ignored_bytes = bytes.len() - at;
     Ok(contents)
+}
+
+/// Whether `dir` holds a [`SPARE`] segment to recycle. A spare that is not
+/// of the current format is deleted.
+///
+/// # Errors
+/// An I/O error other than the spare being missing.
+pub fn find_spare(dir: &Path) -> io::Result<bool> {
+    let path = dir.join(SPARE);
+    let mut magic = [0; MAGIC.len()];
+    match File::open(&path).and_then(|mut f| io::Read::read_exact(&mut f, &mut magic)) {
+        Ok(()) if &magic == MAGIC => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        _ => {
+            std::fs::remove_file(&path)?;
+            sync_dir(dir)?;
+            Ok(false)
+        }
+    }
 }
 
 /// The segment being written.
@@ -180,13 +241,55 @@ impl Segment {
         })
     }
 
-    /// Appends framed entries and returns once they are durable.
+    /// Makes the [`SPARE`] in `dir` segment `generation`: renames it (never
+    /// over an existing segment) and makes the new name durable. Its old
+    /// entries stay until written over; the reader stops at the first, which
+    /// names an older generation.
+    ///
+    /// # Errors
+    /// An I/O error. When opening or renaming the spare fails, nothing
+    /// changed.
+    pub fn recycle(dir: &Path, generation: u64) -> io::Result<Self> {
+        let spare = dir.join(SPARE);
+        let path = dir.join(segment_name(generation));
+        let file = OpenOptions::new().write(true).open(&spare)?;
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &spare,
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?;
+        sync_dir(dir)?;
+        Ok(Self {
+            file,
+            generation,
+            path,
+            bytes: MAGIC.len() as u64,
+        })
+    }
+
+    /// Appends sealed entries (from [`entry`] or [`seal`]), framed with the
+    /// segment's generation in `framed` (a buffer the caller reuses), and
+    /// returns once they are durable.
     ///
     /// # Errors
     /// An I/O error. After a failed `fdatasync` the file's state is unknown:
     /// the caller must stop writing to it.
-    pub fn append(&mut self, framed: &[u8]) -> io::Result<()> {
+    pub fn append<'a>(
+        &mut self,
+        entries: impl IntoIterator<Item = &'a [u8]>,
+        framed: &mut Vec<u8>,
+    ) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
+        framed.clear();
+        let generation = self.generation.to_le_bytes();
+        for entry in entries {
+            let (header, payload) = entry.split_at(FRAME);
+            framed.extend_from_slice(header);
+            framed.extend_from_slice(&generation);
+            framed.extend_from_slice(payload);
+        }
         self.file.write_all_at(framed, self.bytes)?;
         self.file.sync_data()?;
         self.bytes += framed.len() as u64;
@@ -228,16 +331,24 @@ mod tests {
 
     fn write_segment(dir: &Path, generation: u64, payloads: &[&[u8]]) -> Segment {
         let mut segment = Segment::create(dir, generation).unwrap();
-        let mut framed = Vec::new();
-        for p in payloads {
-            let mut entry = open_frame(p.len());
-            entry.extend_from_slice(p);
-            seal(&mut entry);
-            assert_eq!(payload(&entry), *p);
-            framed.extend_from_slice(&entry);
-        }
-        segment.append(&framed).unwrap();
+        append(&mut segment, payloads);
         segment
+    }
+
+    fn append(segment: &mut Segment, payloads: &[&[u8]]) {
+        let entries: Vec<Vec<u8>> = payloads
+            .iter()
+            .map(|p| {
+                let mut entry = open_frame(p.len());
+                entry.extend_from_slice(p);
+                seal(&mut entry);
+                assert_eq!(payload(&entry), *p);
+                entry
+            })
+            .collect();
+        segment
+            .append(entries.iter().map(Vec::as_slice), &mut Vec::new())
+            .unwrap();
     }
 
     #[test]
@@ -284,13 +395,93 @@ mod tests {
     fn entries_round_trip_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let segment = write_segment(dir.path(), 7, &[b"one", b"two", b"{\"x\":3}"]);
-        assert_eq!(segment.bytes(), 8 + 3 * 8 + 3 + 3 + 7);
-        let contents = read(segment.path()).unwrap();
+        assert_eq!(segment.bytes(), 8 + 3 * 16 + 3 + 3 + 7);
+        let contents = read(segment.path(), 7).unwrap();
         assert_eq!(
             contents.payloads,
             vec![b"one".to_vec(), b"two".to_vec(), b"{\"x\":3}".to_vec()]
         );
         assert_eq!(contents.ignored_bytes, 0);
+        assert!(!contents.torn);
+    }
+
+    #[test]
+    fn segments_of_the_first_format_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(segment_name(4));
+        let mut bytes = MAGIC_V1.to_vec();
+        for p in [b"old".as_slice(), b"format"] {
+            let mut entry = open_frame(p.len());
+            entry.extend_from_slice(p);
+            seal(&mut entry);
+            bytes.extend_from_slice(&entry);
+        }
+        bytes.extend_from_slice(&[6, 0, 0, 0, 1, 2]);
+        std::fs::write(&path, &bytes).unwrap();
+        let contents = read(&path, 4).unwrap();
+        assert_eq!(contents.payloads, vec![b"old".to_vec(), b"format".to_vec()]);
+        assert_eq!((contents.ignored_bytes, contents.torn), (6, true));
+    }
+
+    /// A recycled file still holds its earlier generation's entries, intact
+    /// and in place: the reader must stop at them. The new entry is the same
+    /// size as the old first one, so the old second entry sits exactly where
+    /// a new one would, its checksum good.
+    #[test]
+    fn a_recycled_segment_ends_where_its_new_entries_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = write_segment(dir.path(), 1, &[b"first", b"second", b"third"]);
+        let old_bytes = old.bytes();
+        std::fs::rename(old.path(), dir.path().join(SPARE)).unwrap();
+        assert!(find_spare(dir.path()).unwrap());
+
+        let mut segment = Segment::recycle(dir.path(), 2).unwrap();
+        assert!(segment.is_empty());
+        assert!(!dir.path().join(SPARE).exists());
+        let contents = read(segment.path(), 2).unwrap();
+        assert!(contents.payloads.is_empty());
+        assert_eq!(contents.ignored_bytes as u64, old_bytes - 8);
+        assert!(!contents.torn, "old entries are not a torn write");
+
+        append(&mut segment, &[b"FIRST"]);
+        let contents = read(segment.path(), 2).unwrap();
+        assert_eq!(contents.payloads, vec![b"FIRST".to_vec()]);
+        assert!(!contents.torn);
+        assert_eq!(
+            std::fs::metadata(segment.path()).unwrap().len(),
+            old_bytes,
+            "written over, not grown"
+        );
+    }
+
+    #[test]
+    fn a_spare_never_replaces_a_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = write_segment(dir.path(), 2, &[b"kept"]);
+        let spare = write_segment(dir.path(), 1, &[b"spare"]);
+        std::fs::rename(spare.path(), dir.path().join(SPARE)).unwrap();
+        let refused = Segment::recycle(dir.path(), 2).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::AlreadyExists);
+        assert!(
+            dir.path().join(SPARE).exists(),
+            "the spare is left as it was"
+        );
+        assert_eq!(
+            read(kept.path(), 2).unwrap().payloads,
+            vec![b"kept".to_vec()]
+        );
+    }
+
+    #[test]
+    fn only_a_spare_of_this_format_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!find_spare(dir.path()).unwrap(), "none there");
+        std::fs::write(dir.path().join(SPARE), b"rbjrnl01 of the first format").unwrap();
+        assert!(!find_spare(dir.path()).unwrap());
+        assert!(!dir.path().join(SPARE).exists(), "deleted");
+        std::fs::write(dir.path().join(SPARE), b"rbj").unwrap();
+        assert!(!find_spare(dir.path()).unwrap());
+        assert!(!dir.path().join(SPARE).exists(), "deleted");
     }
 
     #[test]
@@ -298,11 +489,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let segment = write_segment(dir.path(), 1, &[b"kept", b"torn-entry"]);
         let full = std::fs::read(segment.path()).unwrap();
-        for cut in 1..(8 + 10) {
+        for cut in 1..(16 + 10) {
             std::fs::write(segment.path(), &full[..full.len() - cut]).unwrap();
-            let contents = read(segment.path()).unwrap();
+            let contents = read(segment.path(), 1).unwrap();
             assert_eq!(contents.payloads, vec![b"kept".to_vec()], "cut {cut}");
-            assert_eq!(contents.ignored_bytes, 8 + 10 - cut, "cut {cut}");
+            assert_eq!(contents.ignored_bytes, 16 + 10 - cut, "cut {cut}");
+            assert!(contents.torn, "cut {cut}");
         }
     }
 
@@ -311,12 +503,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let segment = write_segment(dir.path(), 1, &[b"kept", b"flipped", b"after"]);
         let mut bytes = std::fs::read(segment.path()).unwrap();
-        let flipped = 8 + 8 + 4 + 8; // the first payload byte of "flipped"
+        let flipped = 8 + 16 + 4 + 16; // the first payload byte of "flipped"
         bytes[flipped] ^= 0x20;
         std::fs::write(segment.path(), &bytes).unwrap();
-        let contents = read(segment.path()).unwrap();
+        let contents = read(segment.path(), 1).unwrap();
         assert_eq!(contents.payloads, vec![b"kept".to_vec()]);
-        assert_eq!(contents.ignored_bytes, 8 + 7 + 8 + 5);
+        assert_eq!(contents.ignored_bytes, 16 + 7 + 16 + 5);
+        assert!(contents.torn);
     }
 
     #[test]
@@ -324,11 +517,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join(segment_name(3));
         std::fs::write(&empty, b"rbj").unwrap();
-        let contents = read(&empty).unwrap();
+        let contents = read(&empty, 3).unwrap();
         assert!(contents.payloads.is_empty());
-        assert_eq!(contents.ignored_bytes, 3);
+        assert_eq!((contents.ignored_bytes, contents.torn), (3, false));
         std::fs::write(&empty, b"not a journal at all").unwrap();
-        assert_eq!(read(&empty).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            read(&empty, 3).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
     }
 
     #[test]

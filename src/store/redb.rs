@@ -239,6 +239,10 @@ struct Overlay {
     frozen: Option<Arc<Frozen>>,
     /// Why the running checkpoint is failing, while it retries.
     checkpoint_error: Option<String>,
+    /// Whether the data directory holds a checkpointed segment to recycle
+    /// ([`journal::SPARE`]): set by the checkpoint thread, taken by the
+    /// writer when it starts a segment.
+    spare: bool,
 }
 
 impl Overlay {
@@ -352,11 +356,15 @@ impl RedbStore {
         txn.open_table(PURGE_INDEX).map_err(backend)?;
         txn.commit().map_err(backend)?;
         let next_generation = recover(&db, dir)?;
+        let spare = journal::find_spare(dir).map_err(backend)?;
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(Arc::new(snapshot(&db).map_err(backend)?)),
             db,
             dir: dir.clone(),
-            overlay: Mutex::new(Overlay::default()),
+            overlay: Mutex::new(Overlay {
+                spare,
+                ..Overlay::default()
+            }),
             checkpointed: Condvar::new(),
             stats: CommitStats::default(),
         });
@@ -507,8 +515,8 @@ fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
     let segments = journal::segments(dir).map_err(backend)?;
     let next = segments.last().map_or(1, |(generation, _)| generation + 1);
     for (generation, path) in segments {
-        let contents = journal::read(&path).map_err(backend)?;
-        if contents.ignored_bytes > 0 {
+        let contents = journal::read(&path, generation).map_err(backend)?;
+        if contents.torn {
             tracing::warn!(
                 segment = %path.display(),
                 ignored_bytes = contents.ignored_bytes,

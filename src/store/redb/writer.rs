@@ -2,6 +2,7 @@
 //! thread (journal segments into redb) of the embedded store.
 
 use std::mem;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::{self, Thread};
@@ -11,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::{Frozen, Pending, RedbStoreOptions, Shared, checkpoint_into};
 use crate::store::StoreError;
-use crate::store::journal::Segment;
+use crate::store::journal::{self, Segment};
 
 /// How soon to look again when a segment is due but a checkpoint still runs.
 const RETRY: Duration = Duration::from_millis(50);
@@ -284,7 +285,7 @@ impl Writer {
         if self.checkpoint_on_close && self.failed.is_none() && self.segment.is_empty() {
             // Everything is in redb: the empty segment is not needed.
             let _ = std::fs::remove_file(self.segment.path())
-                .and_then(|()| crate::store::journal::sync_dir(&self.shared.dir));
+                .and_then(|()| journal::sync_dir(&self.shared.dir));
         }
         self.closing.store(true, Ordering::Relaxed);
         drop(self.frozen_tx.take());
@@ -292,6 +293,11 @@ impl Writer {
             && checkpointer.join().is_err()
         {
             tracing::error!("the checkpoint thread panicked");
+        }
+        if self.checkpoint_on_close && mem::take(&mut self.shared.overlay().spare) {
+            // A closed data directory holds the database alone.
+            let _ = std::fs::remove_file(self.shared.dir.join(journal::SPARE))
+                .and_then(|()| journal::sync_dir(&self.shared.dir));
         }
     }
 
@@ -301,11 +307,8 @@ impl Writer {
         let result = match &self.failed {
             Some(failed) => Err(failed.clone()),
             None => {
-                framed.clear();
-                for write in batch.iter() {
-                    framed.extend_from_slice(&write.pending.entry);
-                }
-                self.segment.append(framed).map_err(|e| {
+                let entries = batch.iter().map(|w| w.pending.entry.as_slice());
+                self.segment.append(entries, framed).map_err(|e| {
                     let failed = format!(
                         "journal write failed: {e}; this replica takes no more writes until restarted"
                     );
@@ -385,8 +388,7 @@ impl Writer {
             self.due = Instant::now() + self.segment_age;
             return Ok(true);
         }
-        let next = Segment::create(&self.shared.dir, self.segment.generation() + 1)
-            .map_err(|e| format!("cannot create a journal segment: {e}"))?;
+        let next = self.next_segment()?;
         let full = mem::replace(&mut self.segment, next);
         self.due = Instant::now() + self.segment_age;
         let frozen = {
@@ -403,6 +405,24 @@ impl Writer {
                 .map_err(|_| "the checkpoint thread has stopped".to_owned())?;
         }
         Ok(true)
+    }
+
+    /// The segment after the current one: the spare, recycled, when the
+    /// last checkpoint left one; else a new file.
+    fn next_segment(&mut self) -> Result<Segment, String> {
+        let (dir, generation) = (&self.shared.dir, self.segment.generation() + 1);
+        // No checkpoint runs (the caller made sure), so none sets a spare
+        // meanwhile.
+        if mem::take(&mut self.shared.overlay().spare) {
+            match Segment::recycle(dir, generation) {
+                Ok(segment) => return Ok(segment),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot recycle the spare journal segment; creating one");
+                }
+            }
+        }
+        Segment::create(dir, generation)
+            .map_err(|e| format!("cannot create a journal segment: {e}"))
     }
 
     /// Checkpoints everything acknowledged so far.
@@ -457,17 +477,16 @@ fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closin
     for segment in frozen {
         let mut backoff = Duration::from_millis(10);
         loop {
+            // The writer takes the spare only while no checkpoint runs.
+            let keep = !shared.overlay().spare;
             let result = checkpoint_into(&shared.db, &segment.records)
                 .and_then(|()| shared.refresh_snapshot())
                 .map_err(|e| e.to_string())
-                .and_then(|()| {
-                    std::fs::remove_file(&segment.segment)
-                        .and_then(|()| crate::store::journal::sync_dir(&shared.dir))
-                        .map_err(|e| format!("cannot delete {}: {e}", segment.segment.display()))
-                });
+                .and_then(|()| retire(&shared.dir, &segment.segment, keep));
             let mut overlay = shared.overlay();
             match result {
                 Ok(()) => {
+                    overlay.spare |= keep;
                     shared.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
                     shared
                         .stats
@@ -492,6 +511,19 @@ fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closin
             }
         }
     }
+}
+
+/// Retires a checkpointed segment: keeps it as the spare for the next
+/// segment to write over, or deletes it, durably either way.
+fn retire(dir: &Path, segment: &Path, keep: bool) -> Result<(), String> {
+    let retired = if keep {
+        std::fs::rename(segment, dir.join(journal::SPARE))
+    } else {
+        std::fs::remove_file(segment)
+    };
+    retired
+        .and_then(|()| journal::sync_dir(dir))
+        .map_err(|e| format!("cannot retire {}: {e}", segment.display()))
 }
 
 #[cfg(test)]

@@ -64,8 +64,9 @@ pub struct ServeArgs {
     /// Under load (the last group commit carried more than one decision),
     /// how long from the start of one group commit the next may wait for
     /// decisions to share its fsync; it starts sooner once as many wait as
-    /// recent groups carried. A decision that arrives alone is committed at
-    /// once. 0s commits as soon as the previous fsync returns.
+    /// recent groups carried, or once 32 wait and the server has nothing
+    /// else to do. A decision that arrives alone is committed at once. 0s
+    /// commits as soon as the previous fsync returns.
     #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
     pub commit_window: Duration,
     /// Attempts allowed to activities whose first report has no policy.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use retry_budget::cli::{Cli, Command};
+use retry_budget::store::RuntimeIdle;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of the system allocator: a request allocates and frees
@@ -15,14 +16,15 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let runtime = match runtime() {
+    let idle = RuntimeIdle::new();
+    let runtime = match runtime(&idle) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("retry-budget: cannot start the runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run())
+    runtime.block_on(run(idle))
 }
 
 /// tokio's multi-thread runtime, without its LIFO slot where the build
@@ -36,15 +38,20 @@ fn main() -> ExitCode {
 /// their responses together (0.03 a request). Measured on the 2-core VM
 /// (BENCHMARKS.md, "The runtime's LIFO slot"): server CPU a request 9.2 ->
 /// 6.7 us for a health check, 10.2 -> 7.4 us for a pure NextAction.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+///
+/// A worker about to park tells the store (`idle`): saves waiting out a
+/// group commit's window are then committed at once (see `RuntimeIdle`).
+fn runtime(idle: &RuntimeIdle) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
+    let idle = idle.clone();
+    builder.on_thread_park(move || idle.parking());
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
     builder.build()
 }
 
-async fn run() -> ExitCode {
+async fn run(idle: RuntimeIdle) -> ExitCode {
     let cli = Cli::parse();
     let serve = match cli.command {
         None => cli.serve,
@@ -75,7 +82,10 @@ async fn run() -> ExitCode {
         tracing::warn!(%error, "cannot turn transparent huge pages off");
     }
     let config = match serve.config() {
-        Ok(config) => config,
+        Ok(config) => retry_budget::server::ServerConfig {
+            runtime_idle: Some(idle),
+            ..config
+        },
         Err(error) => {
             tracing::error!(%error, "cannot start");
             return ExitCode::from(2);

@@ -25,7 +25,7 @@ use crate::budget::classify::{RuleError, RuleSet, RuleSpec};
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
-use crate::store::{RedbStore, RedbStoreOptions, Store, StoreError};
+use crate::store::{RedbStore, RedbStoreOptions, RuntimeIdle, Store, StoreError};
 
 /// Everything the server needs besides its listener and shutdown signal.
 #[derive(Debug, Clone)]
@@ -52,6 +52,9 @@ pub struct ServerConfig {
     pub classification_rules: Vec<RuleSpec>,
     /// The longest delay a server's hint may ask for.
     pub max_hint: Duration,
+    /// Set by the binary, whose runtime calls it when a worker parks: ends
+    /// a group commit's window when no more decisions are coming.
+    pub runtime_idle: Option<RuntimeIdle>,
 }
 
 impl ServerConfig {
@@ -74,6 +77,7 @@ impl ServerConfig {
             bucket: BucketConfig::default(),
             classification_rules: Vec::new(),
             max_hint: Duration::from_secs(3600),
+            runtime_idle: None,
         }
     }
 }
@@ -110,6 +114,7 @@ pub async fn run(
     let mut options = RedbStoreOptions::new(&config.data_dir);
     options.max_batch = config.max_batch;
     options.commit_window = config.commit_window;
+    options.runtime_idle.clone_from(&config.runtime_idle);
     let store = RedbStore::open(&options)?;
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.

@@ -13,7 +13,7 @@ pub mod codec;
 mod journal;
 mod redb;
 
-pub use self::redb::{CommitStats, RedbStore, RedbStoreOptions};
+pub use self::redb::{CommitStats, RedbStore, RedbStoreOptions, RuntimeIdle};
 
 use std::future::Future;
 

@@ -18,7 +18,8 @@
 //!   records in the in-memory *active* set, and acknowledges every save of the
 //!   group. Under load it starts a group at most every `commit_window`, so
 //!   that more saves share each fsync, or sooner once as many saves wait
-//!   as recent groups carried. `max_batch = 1` gives one fsync a
+//!   as recent groups carried, or once the runtime runs out of work
+//!   ([`RuntimeIdle`]). `max_batch = 1` gives one fsync a
 //!   decision, kept as a benchmark baseline.
 //! - When the segment reaches `segment_bytes`, or is older than
 //!   `segment_age`, the writer starts a new segment and freezes the active
@@ -67,6 +68,7 @@ use tokio::sync::oneshot;
 use super::{Replaced, Store, StoreError};
 use super::{codec, journal};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
+pub use writer::RuntimeIdle;
 use writer::{Command, Write, WriterHandle};
 
 const ACTIVITIES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("activities");
@@ -103,6 +105,10 @@ pub struct RedbStoreOptions {
     /// Checkpoint everything when the store closes, leaving no journal. Only
     /// tests turn it off, to leave a journal behind as a crash would.
     pub checkpoint_on_close: bool,
+    /// Ends the commit window early when the runtime that serves requests
+    /// runs out of work (see [`RuntimeIdle`]). Without it, only a complete
+    /// group or the window's end does.
+    pub runtime_idle: Option<RuntimeIdle>,
 }
 
 impl RedbStoreOptions {
@@ -117,6 +123,7 @@ impl RedbStoreOptions {
             segment_bytes: 16 << 20,
             segment_age: Duration::from_secs(5),
             checkpoint_on_close: true,
+            runtime_idle: None,
         }
     }
 }

@@ -204,6 +204,7 @@ def main():
             per_fsync[label] = saves / commits
 
     fsync = [r["latency_us"]["p50"] for r in runs.get("fsync", []) if "latency_us" in r]
+    overwrite = [r["overwrite_latency_us"]["p50"] for r in runs.get("fsync", []) if "overwrite_latency_us" in r]
     stored = {r.get("label"): r.get("activities") for rs in runs.values() for r in rs if r.get("scenario") == "preload"}
 
     print()
@@ -292,6 +293,8 @@ def main():
         print(f"  {label:<28} {v:8.1f}")
     if fsync:
         print(f"fsync of 4 KiB on the data dir's disk, median: {', '.join(fmt(v / 1000) for v in fsync)} ms")
+    if overwrite:
+        print(f"same, written over blocks the file has (fdatasync), median: {', '.join(fmt(v / 1000) for v in overwrite)} ms")
     if stored:
         print("preloaded: " + ", ".join(f"{k} = {v:,}" for k, v in sorted(stored.items())))
 

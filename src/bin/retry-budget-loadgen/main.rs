@@ -36,7 +36,9 @@
 //!   activities as fast as it can: over gRPC, or, with `--data-dir`, straight
 //!   into the store of a stopped server (much faster).
 //! - `fsync`: writes and fsyncs 4 KiB `--fsyncs` times in `--data-dir` and
-//!   reports the latency, to set decisions against the disk they wait on.
+//!   reports the latency, to set decisions against the disk they wait on;
+//!   then the same writes over the blocks the file has (as in a recycled
+//!   journal segment), each with an `fdatasync`.
 //!
 //! # Layout
 //! - `scenario`: what one request of each scenario is, and its check.

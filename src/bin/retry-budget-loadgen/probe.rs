@@ -14,26 +14,36 @@ use serde_json::{Value, json};
 const BLOCK: usize = 4096;
 
 /// Appends 4 KiB and fsyncs it, `count` times, in a scratch file in `dir`
-/// (removed after), and reports the latency of each write + fsync.
+/// (removed after), and reports the latency of each write + fsync; then
+/// writes 4 KiB over each of those blocks in turn with an `fdatasync`
+/// after each, as the journal does in a recycled segment, and reports that
+/// latency too (`overwrite_latency_us`): the file's size and blocks do not
+/// change, so the file system has no metadata to commit.
 ///
 /// # Errors
 /// When the file cannot be created, written or synced.
 pub fn fsync_latency(dir: &Path, count: u32) -> std::io::Result<Value> {
+    use std::os::unix::fs::FileExt;
     let path = dir.join(format!(".fsync-probe-{}", std::process::id()));
     let mut file = OpenOptions::new()
         .create_new(true)
         .write(true)
         .open(&path)?;
     let block = [0xa5_u8; BLOCK];
-    let mut latency_us = Histogram::<u64>::new(3).expect("3 significant digits is valid");
+    let mut append_us = histogram();
+    let mut overwrite_us = histogram();
     let measured = (|| {
         for _ in 0..count {
             let start = Instant::now();
             file.write_all(&block)?;
             file.sync_all()?;
-            let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-            // Auto-resizing: recording fails only past u64 range.
-            let _ = latency_us.record(us.max(1));
+            record(&mut append_us, start);
+        }
+        for i in 0..u64::from(count) {
+            let start = Instant::now();
+            file.write_all_at(&block, i * BLOCK as u64)?;
+            file.sync_data()?;
+            record(&mut overwrite_us, start);
         }
         Ok::<(), std::io::Error>(())
     })();
@@ -45,15 +55,30 @@ pub fn fsync_latency(dir: &Path, count: u32) -> std::io::Result<Value> {
         "dir": dir.display().to_string(),
         "fsyncs": count,
         "bytes": BLOCK,
-        "latency_us": {
-            "min": latency_us.min(),
-            "p50": latency_us.value_at_quantile(0.5),
-            "p90": latency_us.value_at_quantile(0.9),
-            "p99": latency_us.value_at_quantile(0.99),
-            "max": latency_us.max(),
-            "mean": latency_us.mean(),
-        },
+        "latency_us": summary(&append_us),
+        "overwrite_latency_us": summary(&overwrite_us),
     }))
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new(3).expect("3 significant digits is valid")
+}
+
+fn record(histogram: &mut Histogram<u64>, start: Instant) {
+    let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+    // Auto-resizing: recording fails only past u64 range.
+    let _ = histogram.record(us.max(1));
+}
+
+fn summary(histogram: &Histogram<u64>) -> Value {
+    json!({
+        "min": histogram.min(),
+        "p50": histogram.value_at_quantile(0.5),
+        "p90": histogram.value_at_quantile(0.9),
+        "p99": histogram.value_at_quantile(0.99),
+        "max": histogram.max(),
+        "mean": histogram.mean(),
+    })
 }
 
 /// A process's scheduler account at one instant: from

@@ -385,3 +385,38 @@ async fn redb_a_recycled_segment_replays_only_its_new_entries() {
     }
     assert_eq!(store.count().await.unwrap(), 11);
 }
+
+/// Where a spare cannot be recycled (here it is replaced by a directory, as
+/// a file system that refuses the rename would fail it), the store creates
+/// new segments, deletes checkpointed ones, and loses nothing.
+#[tokio::test]
+async fn redb_a_spare_that_cannot_be_recycled_changes_nothing_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let spare = dir.path().join("journal.spare");
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    let mut saved = Vec::new();
+    for i in 0..4 {
+        let r = record(&key("spare", &format!("a{i}")), ErrorClass::Transient, 3600);
+        store.save(r.clone(), None).await.unwrap();
+        saved.push(r);
+        store.checkpoint().await.unwrap();
+        if i == 0 {
+            assert!(spare.is_file(), "the first checkpoint kept its segment");
+            std::fs::remove_file(&spare).unwrap();
+            std::fs::create_dir(&spare).unwrap();
+            std::fs::write(spare.join("in the way"), b"").unwrap();
+        }
+        assert_eq!(journal_segments(dir.path()).len(), 1, "after save {i}");
+    }
+    for r in &saved {
+        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
+    }
+    drop(store);
+    assert!(spare.join("in the way").exists(), "left alone");
+    std::fs::remove_dir_all(&spare).unwrap();
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    for r in &saved {
+        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
+    }
+    assert_eq!(store.count().await.unwrap(), 4);
+}

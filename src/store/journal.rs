@@ -253,13 +253,7 @@ impl Segment {
         let spare = dir.join(SPARE);
         let path = dir.join(segment_name(generation));
         let file = OpenOptions::new().write(true).open(&spare)?;
-        rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &spare,
-            rustix::fs::CWD,
-            &path,
-            rustix::fs::RenameFlags::NOREPLACE,
-        )?;
+        rename_no_replace(&spare, &path)?;
         sync_dir(dir)?;
         Ok(Self {
             file,
@@ -315,6 +309,21 @@ impl Segment {
     pub fn is_empty(&self) -> bool {
         self.bytes <= MAGIC.len() as u64
     }
+}
+
+/// Renames `from` to `to`, failing with `AlreadyExists` if `to` exists.
+#[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    Ok(renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE)?)
+}
+
+/// Renames `from` to `to`, failing with `AlreadyExists` if `to` exists: a
+/// new link (which never replaces), then the old name removed.
+#[cfg(not(any(target_os = "linux", target_os = "android", target_vendor = "apple")))]
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)
 }
 
 /// Makes the creation or removal of files in `dir` durable.

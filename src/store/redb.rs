@@ -246,10 +246,23 @@ struct Overlay {
     frozen: Option<Arc<Frozen>>,
     /// Why the running checkpoint is failing, while it retries.
     checkpoint_error: Option<String>,
-    /// Whether the data directory holds a checkpointed segment to recycle
-    /// ([`journal::SPARE`]): set by the checkpoint thread, taken by the
-    /// writer when it starts a segment.
-    spare: bool,
+    /// The checkpointed segment kept for reuse: set by the checkpoint
+    /// thread, taken by the writer when it starts a segment.
+    spare: Spare,
+}
+
+/// Whether the data directory holds a checkpointed segment to recycle
+/// ([`journal::SPARE`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Spare {
+    /// None is kept: the next checkpoint keeps its segment.
+    #[default]
+    Wanted,
+    /// One is kept, for the writer's next segment.
+    Ready,
+    /// Recycling failed on this file system (one without
+    /// `RENAME_NOREPLACE`, say): checkpointed segments are deleted.
+    Off,
 }
 
 impl Overlay {
@@ -363,7 +376,11 @@ impl RedbStore {
         txn.open_table(PURGE_INDEX).map_err(backend)?;
         txn.commit().map_err(backend)?;
         let next_generation = recover(&db, dir)?;
-        let spare = journal::find_spare(dir).map_err(backend)?;
+        let spare = if journal::find_spare(dir).map_err(backend)? {
+            Spare::Ready
+        } else {
+            Spare::Wanted
+        };
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(Arc::new(snapshot(&db).map_err(backend)?)),
             db,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::{Frozen, Pending, RedbStoreOptions, Shared, checkpoint_into};
+use super::{Frozen, Pending, RedbStoreOptions, Shared, Spare, checkpoint_into};
 use crate::store::StoreError;
 use crate::store::journal::{self, Segment};
 
@@ -379,7 +379,7 @@ impl Writer {
         {
             tracing::error!("the checkpoint thread panicked");
         }
-        if self.checkpoint_on_close && mem::take(&mut self.shared.overlay().spare) {
+        if self.checkpoint_on_close && self.shared.overlay().spare == Spare::Ready {
             // A closed data directory holds the database alone.
             let _ = std::fs::remove_file(self.shared.dir.join(journal::SPARE))
                 .and_then(|()| journal::sync_dir(&self.shared.dir));
@@ -498,14 +498,22 @@ impl Writer {
         let (dir, generation) = (&self.shared.dir, self.segment.generation() + 1);
         // No checkpoint runs (the caller made sure), so none sets a spare
         // meanwhile.
-        if mem::take(&mut self.shared.overlay().spare) {
+        let mut overlay = self.shared.overlay();
+        if overlay.spare == Spare::Ready {
             match Segment::recycle(dir, generation) {
-                Ok(segment) => return Ok(segment),
+                Ok(segment) => {
+                    overlay.spare = Spare::Wanted;
+                    return Ok(segment);
+                }
                 Err(error) => {
-                    tracing::warn!(%error, "cannot recycle the spare journal segment; creating one");
+                    // Said once: checkpointed segments are deleted from now on.
+                    overlay.spare = Spare::Off;
+                    tracing::warn!(%error, "cannot recycle journal segments here; deleting them instead");
+                    let _ = std::fs::remove_file(dir.join(journal::SPARE));
                 }
             }
         }
+        drop(overlay);
         Segment::create(dir, generation)
             .map_err(|e| format!("cannot create a journal segment: {e}"))
     }
@@ -563,15 +571,17 @@ fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closin
         let mut backoff = Duration::from_millis(10);
         loop {
             // The writer takes the spare only while no checkpoint runs.
-            let keep = !shared.overlay().spare;
+            let keep = shared.overlay().spare == Spare::Wanted;
             let result = checkpoint_into(&shared.db, &segment.records)
                 .and_then(|()| shared.refresh_snapshot())
                 .map_err(|e| e.to_string())
                 .and_then(|()| retire(&shared.dir, &segment.segment, keep));
             let mut overlay = shared.overlay();
             match result {
-                Ok(()) => {
-                    overlay.spare |= keep;
+                Ok(kept) => {
+                    if kept {
+                        overlay.spare = Spare::Ready;
+                    }
                     shared.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
                     shared
                         .stats
@@ -599,16 +609,22 @@ fn checkpoint_loop(shared: &Shared, frozen: &mpsc::Receiver<Arc<Frozen>>, closin
 }
 
 /// Retires a checkpointed segment: keeps it as the spare for the next
-/// segment to write over, or deletes it, durably either way.
-fn retire(dir: &Path, segment: &Path, keep: bool) -> Result<(), String> {
-    let retired = if keep {
-        std::fs::rename(segment, dir.join(journal::SPARE))
-    } else {
-        std::fs::remove_file(segment)
-    };
-    retired
-        .and_then(|()| journal::sync_dir(dir))
-        .map_err(|e| format!("cannot retire {}: {e}", segment.display()))
+/// segment to write over (if `keep`, and the rename works), or deletes it,
+/// durably either way. Returns whether it was kept.
+fn retire(dir: &Path, segment: &Path, keep: bool) -> Result<bool, String> {
+    let kept = keep
+        && std::fs::rename(segment, dir.join(journal::SPARE))
+            .inspect_err(|error| tracing::debug!(%error, "cannot keep a spare journal segment"))
+            .is_ok();
+    if !kept {
+        match std::fs::remove_file(segment) {
+            // Retired by an earlier attempt whose directory sync failed.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            removed => removed.map_err(|e| format!("cannot delete {}: {e}", segment.display()))?,
+        }
+    }
+    journal::sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
+    Ok(kept)
 }
 
 #[cfg(test)]
@@ -735,6 +751,36 @@ mod tests {
         let window = Duration::from_millis(300);
         gate.wait(started + window, 2 * IDLE_COMMIT_MIN);
         assert!(started.elapsed() >= window, "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_retired_segment_is_kept_as_the_spare_or_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (dir, spare) = (dir.path(), dir.path().join(journal::SPARE));
+        let segment = |n: u64| {
+            let path = dir.join(journal::segment_name(n));
+            std::fs::write(&path, b"checkpointed").unwrap();
+            path
+        };
+        let first = segment(1);
+        assert_eq!(retire(dir, &first, true), Ok(true));
+        assert!(!first.exists());
+        assert_eq!(std::fs::read(&spare).unwrap(), b"checkpointed");
+
+        let second = segment(2);
+        assert_eq!(retire(dir, &second, false), Ok(false));
+        assert!(!second.exists());
+
+        // Retired already by an attempt whose directory sync failed.
+        assert_eq!(retire(dir, &second, true), Ok(false));
+
+        // A spare that cannot be made: the segment is deleted instead.
+        std::fs::remove_file(&spare).unwrap();
+        std::fs::create_dir(&spare).unwrap();
+        std::fs::write(spare.join("in the way"), b"").unwrap();
+        let third = segment(3);
+        assert_eq!(retire(dir, &third, true), Ok(false));
+        assert!(!third.exists());
     }
 
     #[test]

@@ -266,6 +266,14 @@ fn journal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// A store that, when dropped, leaves its journal as a crash would: without
+/// the final checkpoint.
+fn open_to_crash(dir: &std::path::Path) -> RedbStore {
+    let mut options = RedbStoreOptions::new(dir);
+    options.checkpoint_on_close = false;
+    RedbStore::open(&options).unwrap()
+}
+
 /// The store is dropped without its final checkpoint, as a crash would
 /// leave it (the SIGKILL test in `tests/crash.rs` does the same to the real
 /// binary): what was acknowledged is only in the journal, whose last group
@@ -273,9 +281,7 @@ fn journal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[tokio::test]
 async fn redb_journal_is_replayed_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = RedbStoreOptions::new(dir.path());
-    options.checkpoint_on_close = false;
-    let store = RedbStore::open(&options).unwrap();
+    let store = open_to_crash(dir.path());
     let mut expected = Vec::new();
     for i in 0..50 {
         let k = key("crash", &format!("act-{i}"));
@@ -341,9 +347,7 @@ async fn redb_a_closed_store_leaves_no_journal_behind() {
 #[tokio::test]
 async fn redb_a_recycled_segment_replays_only_its_new_entries() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = RedbStoreOptions::new(dir.path());
-    options.checkpoint_on_close = false;
-    let store = RedbStore::open(&options).unwrap();
+    let store = open_to_crash(dir.path());
     let keys: Vec<_> = (0..10).map(|i| key("recycle", &format!("k{i}"))).collect();
     let firsts: Vec<_> = keys
         .iter()

@@ -233,12 +233,7 @@ impl Segment {
         file.write_all(MAGIC)?;
         file.sync_all()?;
         sync_dir(dir)?;
-        Ok(Self {
-            file,
-            generation,
-            path,
-            bytes: MAGIC.len() as u64,
-        })
+        Ok(Self::empty(file, generation, path))
     }
 
     /// Makes the [`SPARE`] in `dir` segment `generation`: renames it (never
@@ -255,12 +250,17 @@ impl Segment {
         let file = OpenOptions::new().write(true).open(&spare)?;
         rename_no_replace(&spare, &path)?;
         sync_dir(dir)?;
-        Ok(Self {
+        Ok(Self::empty(file, generation, path))
+    }
+
+    /// A segment whose file holds the magic and no entry of `generation`.
+    fn empty(file: File, generation: u64, path: PathBuf) -> Self {
+        Self {
             file,
             generation,
             path,
             bytes: MAGIC.len() as u64,
-        })
+        }
     }
 
     /// Appends sealed entries (from [`entry`] or [`seal`]), framed with the

@@ -496,24 +496,25 @@ impl Writer {
     /// last checkpoint left one; else a new file.
     fn next_segment(&mut self) -> Result<Segment, String> {
         let (dir, generation) = (&self.shared.dir, self.segment.generation() + 1);
-        // No checkpoint runs (the caller made sure), so none sets a spare
-        // meanwhile.
-        let mut overlay = self.shared.overlay();
-        if overlay.spare == Spare::Ready {
-            match Segment::recycle(dir, generation) {
-                Ok(segment) => {
-                    overlay.spare = Spare::Wanted;
-                    return Ok(segment);
-                }
+        // No checkpoint runs (the caller made sure), so none changes the
+        // spare meanwhile; the lock, which every load takes, is not held
+        // across the file operations.
+        let spare = self.shared.overlay().spare;
+        if spare == Spare::Ready {
+            let (recycled, now) = match Segment::recycle(dir, generation) {
+                Ok(segment) => (Some(segment), Spare::Wanted),
                 Err(error) => {
                     // Said once: checkpointed segments are deleted from now on.
-                    overlay.spare = Spare::Off;
                     tracing::warn!(%error, "cannot recycle journal segments here; deleting them instead");
                     let _ = std::fs::remove_file(dir.join(journal::SPARE));
+                    (None, Spare::Off)
                 }
+            };
+            self.shared.overlay().spare = now;
+            if let Some(segment) = recycled {
+                return Ok(segment);
             }
         }
-        drop(overlay);
         Segment::create(dir, generation)
             .map_err(|e| format!("cannot create a journal segment: {e}"))
     }

@@ -45,6 +45,28 @@ fn record(k: &ActivityKey, class: ErrorClass, deadline_seconds: u64) -> Activity
     }
 }
 
+/// The version after `prev`: its next attempt failed transiently too.
+fn next_failure(prev: &ActivityRecord) -> ActivityRecord {
+    let defaults = Defaults {
+        policy: prev.policy,
+        max_hint_ms: 3_600_000,
+    };
+    let report = Report {
+        attempt: prev.attempts + 1,
+        class: ErrorClass::Transient,
+        rule: None,
+        hints: None,
+        policy: None,
+        occurred_at_ms: Some(NOW + 1),
+        workflow_id: "wf",
+    };
+    match plan(Some(prev.clone()), &prev.key(), &report, &defaults, NOW + 1).expect("valid report")
+    {
+        Plan::Fresh(draft) => draft.finish().0,
+        Plan::Replay(_) => unreachable!("a new attempt is not a replay"),
+    }
+}
+
 /// Runs every check against a store; `open` opens the same storage again
 /// (after the previous handle is dropped) to check durability.
 pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
@@ -423,4 +445,49 @@ async fn redb_a_spare_that_cannot_be_recycled_changes_nothing_stored() {
         assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
     }
     assert_eq!(store.count().await.unwrap(), 4);
+}
+
+/// Generations start again at 1 when a store opens on a directory with no
+/// segment. A spare left by an earlier run may hold entries of the very
+/// generation it would be recycled as: reopening must not recycle it, or a
+/// crash would replay one of those old entries over a newer version.
+#[tokio::test]
+async fn redb_a_spare_left_by_an_earlier_run_is_not_recycled() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("earlier", "k");
+    let v1 = record(&k, ErrorClass::Transient, 3600);
+    let v2 = next_failure(&v1);
+    let v3 = record_success(v2.clone(), Some(NOW + 2), NOW + 3).expect("open");
+    {
+        // Generation 1 holds v1, generation 2 v2; after the second
+        // checkpoint the spare is generation 2's file, holding v2.
+        let store = open_to_crash(dir.path());
+        store.save(v1.clone(), None).await.unwrap();
+        store.checkpoint().await.unwrap();
+        store
+            .save(v2.clone(), Some(Replaced::of(&v1)))
+            .await
+            .unwrap();
+        store.checkpoint().await.unwrap();
+    }
+    // No segment left (the one being written held nothing): the next run
+    // starts at generation 1 again.
+    for segment in journal_segments(dir.path()) {
+        std::fs::remove_file(segment).unwrap();
+    }
+    assert!(dir.path().join("journal.spare").exists());
+    {
+        // v3 is saved in generation 1 and checkpointed into redb; the
+        // writer moves on to generation 2, and the run ends before it
+        // writes anything there.
+        let store = open_to_crash(dir.path());
+        assert_eq!(store.load(&k).await.unwrap().as_ref(), Some(&v2));
+        store
+            .save(v3.clone(), Some(Replaced::of(&v2)))
+            .await
+            .unwrap();
+        store.checkpoint().await.unwrap();
+    }
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    assert_eq!(store.load(&k).await.unwrap().as_ref(), Some(&v3));
 }

@@ -22,7 +22,9 @@
 //! still holds the entries of its earlier generation, each intact and in
 //! place: the generation in every entry is what stops the reader there.
 //! The first format (magic `rbjrnl01`, entries without the generation) is
-//! still read; such segments are replayed and deleted, never recycled.
+//! still read; such segments are replayed and deleted, never recycled. A
+//! spare is only ever one this process made: one left by an earlier run is
+//! deleted at open ([`discard_spare`]).
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -190,22 +192,18 @@ pub fn read(path: &Path, generation: u64) -> io::Result<Contents> {
     Ok(contents)
 }
 
-/// Whether `dir` holds a [`SPARE`] segment to recycle. A spare that is not
-/// of the current format is deleted.
+/// Deletes a [`SPARE`] left in `dir` by an earlier run. Generations start
+/// again at 1 when no segment is left, so an earlier run's spare may hold
+/// entries of the very generation it would be recycled as; only a spare
+/// made by this run, whose entries are all of older generations, is safe to
+/// write over.
 ///
 /// # Errors
 /// An I/O error other than the spare being missing.
-pub fn find_spare(dir: &Path) -> io::Result<bool> {
-    let path = dir.join(SPARE);
-    let mut magic = [0; MAGIC.len()];
-    match File::open(&path).and_then(|mut f| io::Read::read_exact(&mut f, &mut magic)) {
-        Ok(()) if &magic == MAGIC => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        _ => {
-            std::fs::remove_file(&path)?;
-            sync_dir(dir)?;
-            Ok(false)
-        }
+pub fn discard_spare(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(SPARE)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        removed => removed.and_then(|()| sync_dir(dir)),
     }
 }
 
@@ -442,7 +440,6 @@ mod tests {
         let old = write_segment(dir.path(), 1, &[b"first", b"second", b"third"]);
         let old_bytes = old.bytes();
         std::fs::rename(old.path(), dir.path().join(SPARE)).unwrap();
-        assert!(find_spare(dir.path()).unwrap());
 
         let mut segment = Segment::recycle(dir.path(), 2).unwrap();
         assert!(segment.is_empty());
@@ -482,15 +479,12 @@ mod tests {
     }
 
     #[test]
-    fn only_a_spare_of_this_format_is_kept() {
+    fn an_earlier_runs_spare_is_discarded() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(!find_spare(dir.path()).unwrap(), "none there");
-        std::fs::write(dir.path().join(SPARE), b"rbjrnl01 of the first format").unwrap();
-        assert!(!find_spare(dir.path()).unwrap());
-        assert!(!dir.path().join(SPARE).exists(), "deleted");
-        std::fs::write(dir.path().join(SPARE), b"rbj").unwrap();
-        assert!(!find_spare(dir.path()).unwrap());
-        assert!(!dir.path().join(SPARE).exists(), "deleted");
+        discard_spare(dir.path()).expect("none there is fine");
+        std::fs::write(dir.path().join(SPARE), MAGIC).unwrap();
+        discard_spare(dir.path()).unwrap();
+        assert!(!dir.path().join(SPARE).exists());
     }
 
     #[test]

@@ -376,19 +376,12 @@ impl RedbStore {
         txn.open_table(PURGE_INDEX).map_err(backend)?;
         txn.commit().map_err(backend)?;
         let next_generation = recover(&db, dir)?;
-        let spare = if journal::find_spare(dir).map_err(backend)? {
-            Spare::Ready
-        } else {
-            Spare::Wanted
-        };
+        journal::discard_spare(dir).map_err(backend)?;
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(Arc::new(snapshot(&db).map_err(backend)?)),
             db,
             dir: dir.clone(),
-            overlay: Mutex::new(Overlay {
-                spare,
-                ..Overlay::default()
-            }),
+            overlay: Mutex::new(Overlay::default()),
             checkpointed: Condvar::new(),
             stats: CommitStats::default(),
         });

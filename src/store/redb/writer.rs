@@ -79,7 +79,7 @@ const IDLE_COMMIT_MIN: usize = 32;
 /// [`RedbStoreOptions::runtime_idle`](super::RedbStoreOptions::runtime_idle).
 ///
 /// At 128 streams on the AMD machine this made the server 0.92 to 0.94 busy
-/// instead of 0.78 and durable decisions 11 to 14% faster, in groups of 63
+/// instead of 0.78 and durable decisions 10 to 15% faster, in groups of 63
 /// saves instead of 124; at 16 and 32 streams nothing changed (BENCHMARKS.md).
 #[derive(Clone, Default)]
 pub struct RuntimeIdle {

@@ -172,7 +172,12 @@ def main():
     target("pure NextAction / health throughput", "closed/pure-next-action", "closed/health", throughput, ">=", 0.90, "req/s")
     target("RetryDelay / health p99 at half saturation", "open/retry-delay", "open/health", p99, "<=", 1.25, "us")
     target("pure NextAction / health p99 at half saturation", "open/pure-next-action", "open/health", p99, "<=", 1.25, "us")
-    target("durable / pure NextAction throughput", "durable/group-commit", "closed/pure-next-action", throughput, ">=", 0.5, "req/s")
+    # Since run AH, pure NextAction is measured again on each durable
+    # server, just before its durable window; older files compare with the
+    # closed loops of step (1)-(3), minutes earlier.
+    pure = "durable/pure-next-action" if "durable/pure-next-action" in runs else "closed/pure-next-action"
+    same = " (same server)" if pure.startswith("durable/") else ""
+    target(f"durable / pure NextAction{same} throughput", "durable/group-commit", pure, throughput, ">=", 0.5, "req/s")
     target("durable group commit / max-batch 1", "durable/group-commit", "durable/max-batch-1", throughput, ">=", 20, "req/s")
     target("durable, big store / 1k store", "durable/stored-big", "durable/stored-1k", throughput, ">=", 0.8, "req/s")
     target("h2load: RetryDelay / health throughput", "h2load/retry-delay", "h2load/health", throughput, ">=", 0.90, "req/s")
@@ -181,7 +186,7 @@ def main():
     # second per server core): they hold whichever side was saturated.
     target("server capacity: RetryDelay / health", "closed/retry-delay", "closed/health", capacity, ">=", 0.90, "req/s/core")
     target("server capacity: pure NextAction / health", "closed/pure-next-action", "closed/health", capacity, ">=", 0.90, "req/s/core")
-    target("server capacity: durable / pure NextAction", "durable/group-commit", "closed/pure-next-action", capacity, ">=", 0.5, "req/s/core")
+    target(f"server capacity: durable / pure NextAction{same}", "durable/group-commit", pure, capacity, ">=", 0.5, "req/s/core")
 
     hwm = [s.get("vm_hwm_kib") for s in servers.get("durable/stored-big", [])]
     hwm = [h for h in hwm if h]

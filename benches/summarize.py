@@ -128,14 +128,11 @@ def fmt(x, digits=2):
     return f"{x:.{digits}f}"
 
 
-def main():
-    if len(sys.argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    path = sys.argv[1]
-    machine, runs, servers = load(path)
-
-    rows = []  # (what, value, pair range, target, met)
+def verdicts(runs, servers):
+    """The targets of issue 6, each a dict: the ratio of the means, the
+    per-pair ratios, the ratio over the clean pairs, and `met` (True, False,
+    or None when the figure cannot be judged)."""
+    rows = []
 
     def target(what, a, b, metric, op, bound, unit=""):
         whole, pairs, ma, mb, clean_ratio = ratio(runs, a, b, metric)
@@ -200,6 +197,18 @@ def main():
             "spread": ", ".join(fmt(h / MIB, 0) for h in hwm) or "n/a",
         }
     )
+
+    return rows
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path = sys.argv[1]
+    machine, runs, servers = load(path)
+
+    rows = verdicts(runs, servers)
 
     per_fsync = {}
     for label, recs in servers.items():

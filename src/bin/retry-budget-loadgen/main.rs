@@ -47,6 +47,7 @@
 //! - `probe`: fsync latency and CPU time from `/proc`.
 #![forbid(unsafe_code)]
 
+mod conn;
 mod drive;
 mod preload;
 mod probe;
@@ -57,8 +58,8 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
+use conn::Conn;
 use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint};
 
 use crate::scenario::{Kind, VirtualClient};
 
@@ -153,11 +154,8 @@ enum LoadgenError {
     #[error("invalid arguments: {0}")]
     Invalid(String),
     /// A connection to the server failed.
-    #[error("cannot connect to {target}: {source}")]
-    Connect {
-        target: String,
-        source: tonic::transport::Error,
-    },
+    #[error("cannot connect to {target}: {reason}")]
+    Connect { target: String, reason: String },
     /// Preloading the store failed.
     #[error("preload: {0}")]
     Preload(String),
@@ -281,22 +279,18 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
 
 /// Opens `--connections` HTTP/2 connections, eagerly, so connecting is not
 /// part of the measurement.
-async fn connect(args: &Args) -> Result<Vec<Channel>, LoadgenError> {
-    let endpoint = Endpoint::from_shared(args.target.clone())
-        .map_err(|e| LoadgenError::Invalid(format!("--target: {e}")))?
-        .tcp_nodelay(true);
-    let mut channels = Vec::with_capacity(args.connections);
+async fn connect(args: &Args) -> Result<Vec<Conn>, LoadgenError> {
+    let mut conns = Vec::with_capacity(args.connections);
     for _ in 0..args.connections.max(1) {
-        let channel = endpoint
-            .connect()
+        let conn = Conn::connect(&args.target)
             .await
-            .map_err(|source| LoadgenError::Connect {
+            .map_err(|reason| LoadgenError::Connect {
                 target: args.target.clone(),
-                source,
+                reason,
             })?;
-        channels.push(channel);
+        conns.push(conn);
     }
-    Ok(channels)
+    Ok(conns)
 }
 
 fn unix_millis() -> u128 {

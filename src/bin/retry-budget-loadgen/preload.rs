@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::conn::Conn;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{ActivityKey, Defaults, Policy, Report};
 use retry_budget::grpc::TENANT_HEADER;
@@ -29,7 +30,6 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tonic::Request;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 
 use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, durable_report, now};
 use crate::{Args, LoadgenError};
@@ -133,7 +133,7 @@ pub async fn offline(
 
 /// Reports `--activities` first failures over gRPC, `--concurrency` at a
 /// time.
-pub async fn online(channels: &[Channel], args: &Args) -> Value {
+pub async fn online(channels: &[Conn], args: &Args) -> Value {
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));

@@ -2,12 +2,12 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::conn::Conn;
 use prost_types::Timestamp;
 use retry_budget::grpc::TENANT_HEADER;
 use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
 use tonic::Request;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
@@ -83,8 +83,8 @@ impl Walk {
 /// own request state.
 pub struct VirtualClient {
     kind: Kind,
-    health: HealthClient<Channel>,
-    budget: RetryBudgetClient<Channel>,
+    health: HealthClient<Conn>,
+    budget: RetryBudgetClient<Conn>,
     tenant: MetadataValue<tonic::metadata::Ascii>,
     walk: Walk,
 }
@@ -92,7 +92,7 @@ pub struct VirtualClient {
 impl VirtualClient {
     /// A client of `kind` on `channel`; durable activity ids start with
     /// `prefix`.
-    pub fn new(kind: Kind, channel: Channel, tenant: &str, prefix: &str) -> Self {
+    pub fn new(kind: Kind, channel: Conn, tenant: &str, prefix: &str) -> Self {
         Self {
             kind,
             health: HealthClient::new(channel.clone()),

@@ -30,7 +30,6 @@ const USER_AGENT: &str = "tonic/0.14";
 #[derive(Clone)]
 pub struct Conn {
     send: SendRequest<Body>,
-    scheme: Scheme,
     authority: Authority,
 }
 
@@ -41,7 +40,9 @@ impl Conn {
     /// # Errors
     /// What is wrong with the target, or why connecting failed.
     pub async fn connect(target: &str) -> Result<Self, String> {
-        let uri: Uri = target.parse().map_err(|e| format!("{e}"))?;
+        let uri: Uri = target
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| e.to_string())?;
         if uri.scheme() != Some(&Scheme::HTTP) {
             return Err("only http:// targets are supported".into());
         }
@@ -63,11 +64,7 @@ impl Conn {
                 eprintln!("retry-budget-loadgen: connection ended: {error}");
             }
         });
-        Ok(Self {
-            send,
-            scheme: Scheme::HTTP,
-            authority,
-        })
+        Ok(Self { send, authority })
     }
 }
 
@@ -87,7 +84,7 @@ impl tower::Service<http::Request<Body>> for Conn {
         // tonic's clients give the path only, as they do to a `Channel`,
         // which adds the origin.
         let mut uri = std::mem::take(request.uri_mut()).into_parts();
-        uri.scheme = Some(self.scheme.clone());
+        uri.scheme = Some(Scheme::HTTP);
         uri.authority = Some(self.authority.clone());
         *request.uri_mut() = Uri::from_parts(uri).unwrap_or_default();
         request.headers_mut().insert(

@@ -1,15 +1,16 @@
-//! The verdicts of the benchmark summary (`benches/summarize.py`), which the
-//! figures in BENCHMARKS.md rest on: its Python tests, run here so that
-//! `cargo test` runs every test of the project. Without `python3` the test
+//! The rules of the benchmark scripts that the figures in BENCHMARKS.md rest
+//! on: the verdicts of the summary (`benches/summarize.py`) and the split of
+//! an I/O trace (`benches/io_trace.py`). Their Python tests run here so that
+//! `cargo test` runs every test of the project. Without `python3` each test
 //! says it was skipped, and fails under `CI=true`.
 
 use std::io::ErrorKind;
 use std::process::Command;
 
-#[test]
-fn benchmark_summary_verdicts() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/test_summarize.py");
-    match Command::new("python3").arg(script).output() {
+/// Runs one of the Python test files under `benches/`.
+fn python_tests(file: &str) {
+    let script = format!("{}/benches/{file}", env!("CARGO_MANIFEST_DIR"));
+    match Command::new("python3").arg(&script).output() {
         Ok(out) => assert!(
             out.status.success(),
             "{script} failed:\n{}{}",
@@ -25,4 +26,14 @@ fn benchmark_summary_verdicts() {
         }
         Err(e) => panic!("cannot run python3 {script}: {e}"),
     }
+}
+
+#[test]
+fn benchmark_summary_verdicts() {
+    python_tests("test_summarize.py");
+}
+
+#[test]
+fn io_trace_split() {
+    python_tests("test_io_trace.py");
 }

@@ -58,11 +58,12 @@ switches >"$WORK/switches.before"
 started=$(date +%s.%N)
 # Wakeups are recorded on the CPU that issues them (a disk interrupt may
 # land on either), so they take a second, system-wide perf, filtered on
-# wakeups of CPU 0's threads.
-perf record -q -o "$OUT/wakeups.perf" -a -e sched:sched_wakeup --filter 'target_cpu == 0' \
+# wakeups of CPU 0's threads. Both run on CPU 1, beside the generator: on
+# CPU 0 they took turns of milliseconds from the server.
+"${PIN1[@]}" perf record -q -o "$OUT/wakeups.perf" -a -e sched:sched_wakeup --filter 'target_cpu == 0' \
   -- sleep "$SECONDS_WINDOW" 2>/dev/null &
 WAKEUPS=$!
-perf record -q -o "$OUT/trace.perf" \
+"${PIN1[@]}" perf record -q -o "$OUT/trace.perf" \
   -e syscalls:sys_enter_fdatasync -e syscalls:sys_exit_fdatasync \
   -e syscalls:sys_enter_fsync -e syscalls:sys_exit_fsync \
   -e sched:sched_switch -C 0 -- sleep "$SECONDS_WINDOW" 2>/dev/null

@@ -9,9 +9,10 @@
 # on CPU 0 (fresh data directory, nice -10) and the load generator drives
 # it in closed loop from CPU 1 (128 streams over 4 connections, as in
 # run.sh); after 2 s of warm-up, `perf record` takes, for N seconds
-# (default 3; the generator runs on past its end), the `fdatasync`/`fsync` entries and exits of every thread
-# and the context switches of CPU 0 (kernel tracepoints: the syscalls are
-# not slowed the way strace slows them). benches/io_trace.py then prints:
+# (default 3; the generator runs on past them), the `fdatasync`/`fsync`
+# entries and exits of every thread, their wakeups, and the context
+# switches of CPU 0 (kernel tracepoints: the syscalls are not slowed the
+# way strace slows them). benches/io_trace.py then prints:
 #   - each thread's fsyncs: how many, and their latency from entry to
 #     return (p50, p90, p99, max), split into the disk's part (entry to the
 #     thread's wakeup) and the wait for the CPU after it (wakeup to return:
@@ -33,7 +34,7 @@ set -euo pipefail
 SECONDS_WINDOW=3
 # shellcheck source=benches/common.sh
 . "$(dirname "$0")/common.sh"
-bench_options 29 "$@"
+bench_options 31 "$@"
 SCENARIO=${SCENARIOS[0]:-durable-next-action}
 command -v perf >/dev/null || { echo "io-trace.sh: perf is needed (apt-get install linux-perf)" >&2; exit 1; }
 

@@ -505,6 +505,14 @@ fn snapshot(
 /// meanwhile wait in memory (BENCHMARKS.md, "Runs AK to AN").
 pub(super) const YIELD_EVERY: usize = 64;
 
+/// Called by the checkpoint thread after its `n`th record (from 0) written
+/// or freed: yields the core after every [`YIELD_EVERY`].
+pub(super) fn pace(n: usize) {
+    if n % YIELD_EVERY == YIELD_EVERY - 1 {
+        std::thread::yield_now();
+    }
+}
+
 /// Writes `records` into redb in one durable transaction, moving each in
 /// the purge index from where the stored version was to where the new one
 /// goes.
@@ -521,9 +529,7 @@ fn checkpoint_into(db: &Database, records: &Records) -> Result<(), redb::Error> 
                 .cmp(&(&b.record.tenant, &b.record.activity_id))
         });
         for (n, pending) in sorted.into_iter().enumerate() {
-            if n % YIELD_EVERY == YIELD_EVERY - 1 {
-                std::thread::yield_now();
-            }
+            pace(n);
             let (tenant, id) = (
                 pending.record.tenant.as_str(),
                 pending.record.activity_id.as_str(),

@@ -619,9 +619,7 @@ fn free_yielding(segment: Arc<Frozen>) {
     if let Ok(mut frozen) = Arc::try_unwrap(segment) {
         for (n, pending) in frozen.records.table.drain().enumerate() {
             drop(pending);
-            if n % super::YIELD_EVERY == super::YIELD_EVERY - 1 {
-                thread::yield_now();
-            }
+            super::pace(n);
         }
     }
 }

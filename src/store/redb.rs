@@ -500,9 +500,9 @@ fn snapshot(
 /// of work on the 2-core VM of BENCHMARKS.md. Without the yields it held
 /// the core for up to 4.6 ms at a time while requests waited; with them,
 /// at 128 streams, the p99 of a durable decision went from 5.4-5.5 ms to
-/// 3.8-4.1 ms and the server's idle time from 5.0% to 2.1%. The price is
+/// 3.8-4.2 ms and the server's idle time from 5.0% to 2.1%. The price is
 /// memory: a checkpoint takes longer from start to end, and the saves made
-/// meanwhile wait in memory (BENCHMARKS.md, "Runs AK to AN").
+/// meanwhile wait in memory (BENCHMARKS.md, "Runs AK to AO").
 pub(super) const YIELD_EVERY: usize = 64;
 
 /// Called by the checkpoint thread after its `n`th record (from 0) written

@@ -54,7 +54,6 @@ def fsyncs_and_idle(events):
     for t, comm, tid, event, fields in events:
         if event.startswith("syscalls:sys_enter_f"):
             inside[tid] = (t, comm)
-            woken.pop(tid, None)
         elif event.startswith("syscalls:sys_exit_f"):
             if tid in inside:
                 start, name = inside.pop(tid)

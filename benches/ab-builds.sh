@@ -9,14 +9,17 @@
 #   benches/ab-builds.sh SERVER_A SERVER_B [server flags...]
 #
 # Environment: SCEN (default durable-next-action), ROUNDS (3), DUR (window,
-# seconds; 4), CONC (streams; 128), CONN (connections; 4). To build an
+# seconds; 4), CONC (streams; 128), CONN (connections; 4), B_BATCH (thread
+# names, such as "redb-writer": server B's threads of those names are moved
+# to SCHED_BATCH with chrt once it listens, so A and B may be one binary
+# and the A/B is of that scheduling alone). To build an
 # older commit beside the current one:
 #   git worktree add /tmp/old COMMIT && cargo build --release --bin retry-budget \
 #     --manifest-path /tmp/old/Cargo.toml --target-dir /tmp/old-target
 # The server runs on CPU 0 and the generator on CPU 1, at nice -10 (root).
 # Needs release binaries of this checkout (for the generator) and python3.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 A=$1; B=$2; shift 2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 L=${CARGO_TARGET_DIR:-$ROOT/target}/release/retry-budget-loadgen
@@ -29,23 +32,33 @@ cleanup() {
 trap cleanup EXIT
 
 for _ in $(seq 1 "${ROUNDS:-3}"); do
-  for server in "$A" "$B"; do
+  for side in A B; do
+    if [ "$side" = A ]; then server=$A; else server=$B; fi
     DATA=$(mktemp -d)
     nice -n -10 taskset -c 0 "$server" --listen "127.0.0.1:$PORT" --data-dir "$DATA" --drain-delay 0s \
       --retry-rate 1000000 --retry-burst 1000000 "$@" 2>"$DATA.log" &
     PID=$!
     sleep 0.7
+    label=$server
+    if [ "$side" = B ] && [ -n "${B_BATCH:-}" ]; then
+      label="$server (SCHED_BATCH: $B_BATCH)"
+      for task in /proc/"$PID"/task/*; do
+        for name in $B_BATCH; do
+          [ "$(cat "$task/comm")" = "$name" ] && chrt -b -p 0 "$(basename "$task")" >/dev/null
+        done
+      done
+    fi
     nice -n -10 taskset -c 1 "$L" --target "http://127.0.0.1:$PORT" --connections "${CONN:-4}" \
       --concurrency "${CONC:-128}" --warmup 1s --duration "${DUR:-4}s" --server-pid "$PID" \
       --scenario "${SCEN:-durable-next-action}" >"$DATA.json"
     kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
-    python3 - "$server" "$DATA.json" "$DATA.log" <<'PY'
+    python3 - "$label" "$DATA.json" "$DATA.log" <<'PY'
 import json, re, sys
 server, report, log = sys.argv[1], json.load(open(sys.argv[2])), open(sys.argv[3]).read()
 m = re.search(r"commits=(\d+) saves=(\d+)", log)
 per_fsync = f"{int(m.group(2)) / max(1, int(m.group(1))):6.1f}" if m else "   n/a"
 threads = " ".join(f"{k}={v:.1f}" for k, v in sorted(report.get("server_thread_cpu_us_per_request", {}).items()))
-print(f"{server:<40} {report['throughput_rps']:>8.0f} req/s {report['server_cpu_us_per_request']:>6.1f} us/req "
+print(f"{server:<44} {report['throughput_rps']:>8.0f} req/s {report['server_cpu_us_per_request']:>6.1f} us/req "
       f"busy {report.get('server_cpu_cores', 0):.2f} p99 {report['latency_us']['p99']:>6} us "
       f"decisions/fsync {per_fsync}  {threads}")
 PY

@@ -44,7 +44,9 @@ for _ in $(seq 1 "${ROUNDS:-3}"); do
       label="$server (SCHED_BATCH: $B_BATCH)"
       for task in /proc/"$PID"/task/*; do
         for name in $B_BATCH; do
-          [ "$(cat "$task/comm")" = "$name" ] && chrt -b -p 0 "$(basename "$task")" >/dev/null
+          if [ "$(cat "$task/comm" 2>/dev/null)" = "$name" ]; then
+            chrt -b -p 0 "$(basename "$task")" >/dev/null
+          fi
         done
       done
     fi

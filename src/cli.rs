@@ -39,7 +39,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gRPC service (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print an activity's backoff plan, as the article's retry_delay does.
     Delay(DelayArgs),
     /// Evaluate a budget with the article's next_action.
@@ -69,6 +69,17 @@ pub struct ServeArgs {
     /// commits as soon as the previous fsync returns.
     #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
     pub commit_window: Duration,
+    /// A journal segment this large (MiB) is checkpointed into the database.
+    /// Decisions waiting for a checkpoint are held in memory: about two
+    /// segments' worth, and up to five while a checkpoint is slow. Larger
+    /// segments mean fewer, larger checkpoints and more memory.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub journal_segment_mib: u32,
+    /// A journal segment older than this is checkpointed even when small, so
+    /// that the database is never far behind and a restart after a crash
+    /// replays little.
+    #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
+    pub journal_segment_age: Duration,
     /// Attempts allowed to activities whose first report has no policy.
     #[arg(long, default_value_t = 5)]
     pub default_max_attempts: u32,
@@ -143,6 +154,8 @@ impl ServeArgs {
         }
         config.max_batch = self.max_batch as usize;
         config.commit_window = self.commit_window;
+        config.journal_segment_bytes = u64::from(self.journal_segment_mib) << 20;
+        config.journal_segment_age = self.journal_segment_age;
         config.default_policy = Policy {
             max_attempts: self.default_max_attempts,
             deadline_seconds: self.default_deadline.as_secs(),
@@ -220,6 +233,14 @@ fn parse_weight(s: &str) -> Result<(String, u32), String> {
         .parse::<u32>()
         .map_err(|e| format!("weight of {name:?}: {e}"))?;
     Ok((name.to_owned(), weight))
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if duration.is_zero() {
+        return Err("must be longer than zero".to_owned());
+    }
+    Ok(duration)
 }
 
 fn parse_attempts(s: &str) -> Result<(u32, u32), String> {
@@ -425,6 +446,44 @@ mod tests {
         assert_eq!(cli.serve.listen.port(), 0);
         let cli = Cli::try_parse_from(["retry-budget", "delay", "flight-1"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Delay(_))));
+    }
+
+    #[test]
+    fn journal_flags_reach_the_store_and_bad_values_are_refused() {
+        let config = Cli::try_parse_from(["retry-budget"])
+            .unwrap()
+            .serve
+            .config()
+            .unwrap();
+        let defaults = crate::store::RedbStoreOptions::new("x");
+        assert_eq!(config.journal_segment_bytes, defaults.segment_bytes);
+        assert_eq!(config.journal_segment_age, defaults.segment_age);
+
+        let cli = Cli::try_parse_from([
+            "retry-budget",
+            "--journal-segment-mib",
+            "64",
+            "--journal-segment-age",
+            "30s",
+        ])
+        .unwrap();
+        let config = cli.serve.config().unwrap();
+        assert_eq!(config.journal_segment_bytes, 64 << 20);
+        assert_eq!(config.journal_segment_age, Duration::from_secs(30));
+
+        for bad in [
+            ["--journal-segment-mib", "0"],
+            ["--journal-segment-mib", "1025"],
+            ["--journal-segment-age", "0s"],
+            ["--journal-segment-age", "soon"],
+        ] {
+            let error = Cli::try_parse_from(["retry-budget", bad[0], bad[1]]).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -55,7 +55,7 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
     let cli = Cli::parse();
     let serve = match cli.command {
         None => cli.serve,
-        Some(Command::Serve(args)) => args,
+        Some(Command::Serve(args)) => *args,
         Some(other) => return retry_budget::cli::run_client(other).await,
     };
     tracing_subscriber::fmt()

@@ -36,6 +36,10 @@ pub struct ServerConfig {
     pub max_batch: usize,
     /// Under load, the least time from one group commit to the next.
     pub commit_window: Duration,
+    /// A journal segment this large is checkpointed into the database.
+    pub journal_segment_bytes: u64,
+    /// A journal segment this old is checkpointed even when small.
+    pub journal_segment_age: Duration,
     /// The policy of activities whose first report names none.
     pub default_policy: Policy,
     /// How long a closed (or expired) activity is kept before it is purged.
@@ -64,6 +68,8 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             max_batch: 1024,
             commit_window: Duration::from_millis(2),
+            journal_segment_bytes: 16 << 20,
+            journal_segment_age: Duration::from_secs(5),
             default_policy: Policy {
                 max_attempts: 5,
                 deadline_seconds: 3600,
@@ -114,6 +120,8 @@ pub async fn run(
     let mut options = RedbStoreOptions::new(&config.data_dir);
     options.max_batch = config.max_batch;
     options.commit_window = config.commit_window;
+    options.segment_bytes = config.journal_segment_bytes;
+    options.segment_age = config.journal_segment_age;
     options.runtime_idle.clone_from(&config.runtime_idle);
     let store = RedbStore::open(&options)?;
     // A clone shares the counters; it is dropped when `run` returns, after

@@ -634,3 +634,61 @@ async fn a_replay_with_another_class_keeps_the_recorded_decision_and_says_so() {
         .into_inner();
     assert!(same.replayed && !same.class_conflict);
 }
+
+/// The generations of the journal segments in `dir` (`journal-N.log`).
+fn segment_generations(dir: &std::path::Path) -> Vec<u64> {
+    let mut found: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().ok()?;
+            name.strip_prefix("journal-")?
+                .strip_suffix(".log")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// Reports 100 activities' first failures, each recorded before its reply.
+async fn hundred_first_reports(server: &TestServer) {
+    let mut client = server.client().await;
+    for i in 0..100 {
+        let r = client
+            .next_action(at(report(&format!("seg-{i}"), 1, Transient), *T0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.code, "schedule_retry");
+    }
+}
+
+#[tokio::test]
+async fn the_journal_segment_size_decides_when_a_segment_is_checkpointed() {
+    // The default (16 MiB) holds 100 decisions in the first segment.
+    let server = TestServer::start().await;
+    hundred_first_reports(&server).await;
+    assert_eq!(segment_generations(&server.data_dir), [1]);
+    server.stop().await.unwrap();
+
+    // A 16 KiB segment (`--journal-segment-mib` takes whole MiB; the store
+    // takes bytes) fills before the hundredth, and is checkpointed while the
+    // server runs: a later generation is being written.
+    let server = TestServer::start_with(|c| {
+        c.journal_segment_bytes = 16 << 10;
+        c.journal_segment_age = Duration::from_secs(3600);
+    })
+    .await;
+    hundred_first_reports(&server).await;
+    let generations = segment_generations(&server.data_dir);
+    assert!(
+        generations.last().is_some_and(|&g| g >= 2),
+        "segments {generations:?}"
+    );
+    let mut client = server.client().await;
+    for i in [0, 50, 99] {
+        assert_eq!(get(&mut client, &format!("seg-{i}")).await.attempts, 1);
+    }
+    server.stop().await.unwrap();
+}

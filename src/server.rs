@@ -62,14 +62,16 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// The documented defaults, with the store under `data_dir`.
+    /// The documented defaults, with the store under `data_dir` (the
+    /// store's own defaults for its journal).
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let store = RedbStoreOptions::new(data_dir);
         Self {
-            data_dir: data_dir.into(),
-            max_batch: 1024,
-            commit_window: Duration::from_millis(2),
-            journal_segment_bytes: 16 << 20,
-            journal_segment_age: Duration::from_secs(5),
+            max_batch: store.max_batch,
+            commit_window: store.commit_window,
+            journal_segment_bytes: store.segment_bytes,
+            journal_segment_age: store.segment_age,
+            data_dir: store.data_dir,
             default_policy: Policy {
                 max_attempts: 5,
                 deadline_seconds: 3600,

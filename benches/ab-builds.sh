@@ -3,7 +3,8 @@
 # (A/B/A/B...), each on a fresh data directory, one closed-loop window each,
 # and prints a line a window: throughput, server CPU a request, how busy the
 # server was, p99, decisions an fsync (from the server's `group commit
-# totals` line) and the CPU a request of each server thread. Used for the
+# totals` line), the server's peak RSS (VmHWM) and the CPU a request of
+# each server thread. Used for the
 # A/B comparisons in BENCHMARKS.md ("Findings").
 #
 #   benches/ab-builds.sh SERVER_A SERVER_B [server flags...]
@@ -53,16 +54,18 @@ for _ in $(seq 1 "${ROUNDS:-3}"); do
     nice -n -10 taskset -c 1 "$L" --target "http://127.0.0.1:$PORT" --connections "${CONN:-4}" \
       --concurrency "${CONC:-128}" --warmup 1s --duration "${DUR:-4}s" --server-pid "$PID" \
       --scenario "${SCEN:-durable-next-action}" >"$DATA.json"
+    hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$PID/status")
     kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""
-    python3 - "$label" "$DATA.json" "$DATA.log" <<'PY'
+    python3 - "$label" "$DATA.json" "$DATA.log" "${hwm:-0}" <<'PY'
 import json, re, sys
 server, report, log = sys.argv[1], json.load(open(sys.argv[2])), open(sys.argv[3]).read()
+hwm_mib = int(sys.argv[4]) / 1024
 m = re.search(r"commits=(\d+) saves=(\d+)", log)
 per_fsync = f"{int(m.group(2)) / max(1, int(m.group(1))):6.1f}" if m else "   n/a"
 threads = " ".join(f"{k}={v:.1f}" for k, v in sorted(report.get("server_thread_cpu_us_per_request", {}).items()))
 print(f"{server:<44} {report['throughput_rps']:>8.0f} req/s {report['server_cpu_us_per_request']:>6.1f} us/req "
       f"busy {report.get('server_cpu_cores', 0):.2f} p99 {report['latency_us']['p99']:>6} us "
-      f"decisions/fsync {per_fsync}  {threads}")
+      f"decisions/fsync {per_fsync} peak RSS {hwm_mib:.0f} MiB  {threads}")
 PY
     rm -rf "$DATA" "$DATA.log" "$DATA.json"; DATA=""
   done

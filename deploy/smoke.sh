@@ -16,6 +16,8 @@
 #   4. `docker stop` (SIGTERM): health NOT_SERVING during the drain, exit 0
 #      within drain-delay + grace-period, a clean drain in the log, and only
 #      the database left in the data directory
+#   5. where docker-compose or `docker compose` is installed: deploy/compose.yaml
+#      up, a decision, stop (exit 0), down, up again on the same named volume
 #
 #   bash deploy/smoke.sh                       # build retry-budget:latest, test it
 #   IMAGE=retry-budget:0.1.0 bash deploy/smoke.sh
@@ -52,6 +54,7 @@ cleanup() {
   local c
   for c in "${CONTAINERS[@]}"; do docker rm -f "$c" >/dev/null 2>&1 || true; done
   docker volume rm -f "$VOLUME" >/dev/null 2>&1 || true
+  if [[ -n "${PROJECT:-}" ]]; then "${DC[@]}" down -v >/dev/null 2>&1 || true; fi
   if [[ -n "${CONTEXT_IMAGE:-}" ]]; then docker rmi -f "$CONTEXT_IMAGE" >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
@@ -274,6 +277,51 @@ if files=$(docker run --rm --entrypoint ls -v "$VOLUME:/data" "$IMAGE" -A /data 
   pass "after a clean stop the data directory holds only retry-budget.redb (backup-ready)"
 else
   fail "after a clean stop the data directory holds only retry-budget.redb: got ${files//$'\n'/ }"
+fi
+
+# --- 5. deploy/compose.yaml, where a compose tool is installed ------------------------------
+COMPOSE=()
+if command -v docker-compose >/dev/null 2>&1; then
+  COMPOSE=(docker-compose)
+elif docker compose version >/dev/null 2>&1; then
+  COMPOSE=(docker compose)
+fi
+if [[ ${#COMPOSE[@]} -eq 0 ]]; then
+  say "skip - deploy/compose.yaml: neither docker-compose nor docker compose is installed"
+else
+  PROJECT="$RUN_ID-compose"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+  DC=(env RETRY_BUDGET_IMAGE="$IMAGE" RETRY_BUDGET_PUBLISH="127.0.0.1:$port" "${COMPOSE[@]}" -f deploy/compose.yaml -p "$PROJECT")
+  ADDR="127.0.0.1:$port"
+  compose_serving() {
+    local t0=$SECONDS
+    while ((SECONDS - t0 < 60)); do
+      [[ "$(health "$SVC")" == SERVING ]] && return 0
+      sleep 0.3
+    done
+    "${DC[@]}" logs >&2 || true
+    return 1
+  }
+  if "${DC[@]}" up -d --no-build >/dev/null 2>&1 && compose_serving; then
+    pass "${COMPOSE[*]} up: SERVING on $ADDR"
+    ACT="smoke-compose-$RANDOM-$$"
+    check_next 1 False "compose: NextAction $ACT attempt 1 -> schedule_retry"
+    cid=$("${DC[@]}" ps -q retry-budget)
+    t0=$SECONDS
+    "${DC[@]}" stop >/dev/null 2>&1 || true
+    code=$(docker inspect -f '{{.State.ExitCode}}' "$cid")
+    if [[ "$code" == 0 ]]; then pass "compose stop: exit 0 ($((SECONDS - t0)) s)"; else fail "compose stop: exit $code"; fi
+    "${DC[@]}" down >/dev/null 2>&1 || fail "compose down (keeping the volume)"
+    if "${DC[@]}" up -d --no-build >/dev/null 2>&1 && compose_serving \
+      && r=$(get_activity) && [[ "$(json 'd.get("attempts")' <<<"$r")" == 1 ]]; then
+      pass "compose: the named volume kept the decision across down/up (attempts 1)"
+    else
+      fail "compose: the named volume kept the decision across down/up: got ${r:-}"
+    fi
+  else
+    fail "${COMPOSE[*]} up: not SERVING on $ADDR"
+  fi
+  "${DC[@]}" down -v >/dev/null 2>&1 || fail "compose down -v"
 fi
 
 say "deploy-smoke: $PASSED passed, $FAILED failed ($((SECONDS - started)) s)"

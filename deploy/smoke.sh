@@ -324,5 +324,6 @@ else
   "${DC[@]}" down -v >/dev/null 2>&1 || fail "compose down -v"
 fi
 
-say "deploy-smoke: $PASSED passed, $FAILED failed ($((SECONDS - started)) s)"
+say "deploy-smoke: took $((SECONDS - started)) s"
+say "deploy-smoke: $PASSED passed, $FAILED failed"
 if [[ $FAILED -eq 0 ]]; then say "PASS"; else say "FAIL"; exit 1; fi

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
 use crate::bucket::{BucketConfig, BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::{Defaults, Policy};
@@ -26,6 +26,8 @@ use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
 use crate::store::{RedbStore, RedbStoreOptions, RuntimeIdle, Store, StoreError};
+
+mod incoming;
 
 /// Everything the server needs besides its listener and shutdown signal.
 #[derive(Debug, Clone)]
@@ -186,16 +188,17 @@ pub async fn serve<S: Store>(
         Some(bucket.clone()),
         rules,
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = CancellationToken::new();
     let router = Server::builder()
         .layer(RetryTokenLayer::new(bucket))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RetryBudgetServer::new(service));
-    let serving = router.serve_with_incoming_shutdown(incoming(listener), async {
-        let _ = stopped.await;
-    });
+    let serving = router.serve_with_incoming_shutdown(
+        incoming::incoming(listener, stop.clone()),
+        stop.clone().cancelled_owned(),
+    );
     tokio::pin!(serving);
     tracing::info!(
         addr = %local,
@@ -233,7 +236,7 @@ pub async fn serve<S: Store>(
     {
         return Ok(());
     }
-    let _ = stop.send(());
+    stop.cancel();
     match tokio::time::timeout(config.grace_period, &mut serving).await {
         Ok(result) => result.map_err(Into::into),
         Err(_) => {
@@ -273,29 +276,5 @@ async fn sweep<S: Store>(ledger: Arc<Ledger<S>>, retention: Duration, interval: 
             Ok(purged) => tracing::info!(purged, "retention sweep"),
             Err(error) => tracing::warn!(%error, "retention sweep failed"),
         }
-    }
-}
-
-/// The connections `listener` accepts, with TCP_NODELAY, as tonic's own
-/// `serve` sets it (a listener handed in keeps the kernel's default). With
-/// Nagle's algorithm on, a small response written while another is still
-/// unacknowledged waits for the client's delayed ACK: stalls of about
-/// 40 ms, seen as the p99.9 of the durable benchmark (BENCHMARKS.md).
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
-#[cfg(test)]
-mod tests {
-    use tokio_stream::StreamExt;
-
-    #[tokio::test]
-    async fn accepted_connections_have_nodelay() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut accepted = super::incoming(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let stream = accepted.next().await.unwrap().unwrap();
-        assert!(stream.nodelay().unwrap());
     }
 }

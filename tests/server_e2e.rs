@@ -207,3 +207,37 @@ async fn a_stream_that_never_ends_does_not_hold_the_server_past_its_grace_period
     server.stop().await.expect("clean exit");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test]
+async fn a_connection_that_never_spoke_does_not_hold_the_drain() {
+    use tokio::io::AsyncReadExt;
+
+    // A grace period far longer than the drain may take: before the fix, a
+    // connection waiting for its HTTP/2 preface (a TCP health check, a port
+    // scan) held the server for all of it (hyperium/hyper#4170).
+    let server = TestServer::start_with(|c| c.grace_period = Duration::from_secs(20)).await;
+    let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    // And a client that spoke and then sat idle, which hyper drains itself.
+    let mut idle = HealthClient::new(server.channel().await);
+    let serving = idle
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(serving.status, ServingStatus::Serving as i32);
+
+    let started = tokio::time::Instant::now();
+    server.stop().await.expect("clean exit");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "the drain took {took:?}");
+    // The server's side of the connection is closed: after its SETTINGS
+    // frame (sent without waiting for the client), the end of the stream.
+    let mut sent = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut sent))
+        .await
+        .expect("the silent connection is closed")
+        .ok();
+    assert!(sent.len() < 100, "no more than a SETTINGS frame: {sent:?}");
+}

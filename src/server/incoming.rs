@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 
@@ -31,33 +31,18 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 /// written while another is still unacknowledged waits for the client's
 /// delayed ACK: stalls of about 40 ms, seen as the p99.9 of the durable
 /// benchmark (BENCHMARKS.md).
-pub(super) fn incoming(listener: TcpListener, stop: CancellationToken) -> Incoming {
-    Incoming {
-        accepted: TcpIncoming::from(listener).with_nodelay(Some(true)),
-        stop,
-    }
-}
-
-/// See [`incoming`].
-pub(super) struct Incoming {
-    accepted: TcpIncoming,
+pub(super) fn incoming(
+    listener: TcpListener,
     stop: CancellationToken,
-}
-
-impl Stream for Incoming {
-    type Item = io::Result<Conn>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        Pin::new(&mut this.accepted).poll_next(cx).map(|next| {
-            next.map(|accepted| {
-                accepted.map(|stream| Conn {
-                    stream,
-                    silent: Some(Box::pin(this.stop.clone().cancelled_owned())),
-                })
+) -> impl Stream<Item = io::Result<Conn>> {
+    TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(move |accepted| {
+            accepted.map(|stream| Conn {
+                stream,
+                silent: Some(Box::pin(stop.clone().cancelled_owned())),
             })
         })
-    }
 }
 
 /// An accepted connection.
@@ -145,7 +130,6 @@ mod tests {
     use std::time::Duration;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_stream::StreamExt;
 
     use super::*;
 
@@ -153,7 +137,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let mut accepted = incoming(listener, stop.clone());
+        let accepted = incoming(listener, stop.clone());
+        tokio::pin!(accepted);
         let client = TcpStream::connect(addr).await.unwrap();
         let conn = accepted.next().await.unwrap().unwrap();
         (conn, client, stop)

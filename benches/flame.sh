@@ -17,7 +17,9 @@
 #   SCENARIO.folded       the folded stacks, with the request count beside
 #   SCENARIO-vs-FIRST.svg differential: red where SCENARIO spends more of
 #                         its samples than the first scenario, blue less
-# and the CPU a request of each server thread, in microseconds, on stdout.
+# and the CPU a request of each server thread, in microseconds, on stdout,
+# then for each scenario after the first where its extra CPU goes
+# (benches/flame_split.py, which can be rerun on DIR alone).
 #
 # Needs perf (Debian: linux-perf) and inferno (`cargo install inferno`),
 # root or kernel.perf_event_paranoid <= 1, and python3.
@@ -80,5 +82,7 @@ for s in "${SCENARIOS[@]:1}"; do
   inferno-diff-folded --normalize "$OUT/$first.folded" "$OUT/$s.folded" |
     inferno-flamegraph --title "$s against $first: red more, blue less (share of samples)" \
       >"$OUT/$s-vs-$first.svg"
+  # Where the extra CPU goes, in us a request: the tables of BENCHMARKS.md.
+  python3 "$(dirname "$0")/flame_split.py" "$OUT" "$first" "$s"
 done
 echo "flame graphs in $OUT" >&2

@@ -1,6 +1,7 @@
 //! The rules of the benchmark scripts that the figures in BENCHMARKS.md rest
-//! on: the verdicts of the summary (`benches/summarize.py`) and the split of
-//! an I/O trace (`benches/io_trace.py`). Their Python tests run here so that
+//! on: the verdicts of the summary (`benches/summarize.py`), the split of
+//! an I/O trace (`benches/io_trace.py`) and that of a flame graph's folded
+//! stacks (`benches/flame_split.py`). Their Python tests run here so that
 //! `cargo test` runs every test of the project. Without `python3` each test
 //! says it was skipped, and fails under `CI=true`.
 
@@ -36,4 +37,9 @@ fn benchmark_summary_verdicts() {
 #[test]
 fn io_trace_split() {
     python_tests("test_io_trace.py");
+}
+
+#[test]
+fn flame_graph_split() {
+    python_tests("test_flame_split.py");
 }

@@ -103,7 +103,8 @@ def load(directory, scenario):
 def report(base_name, base, name, other, top=15):
     out = []
     row = lambda label, a, b: out.append(f"  {label:<52} {a:8.2f} {b:8.2f} {b - a:+8.2f}")
-    out.append(f"us a request              {'':<26} {base_name[:8]:>8} {name[:8]:>8}    extra")
+    out.append(f"us a request; A = {base_name}, B = {name}")
+    out.append(f"  {'':<52} {'A':>8} {'B':>8} {'B - A':>8}")
     threads = sorted(set(base["threads"]) | set(other["threads"]))
     out.append("threads")
     for t in threads:
@@ -123,7 +124,7 @@ def report(base_name, base, name, other, top=15):
             b = other["parts"].get((label, where), 0.0)
             if a or b:
                 row(label, a, b)
-    out.append(f"request workers' leaf functions that grew the most")
+    out.append("request workers' leaf functions that grew the most")
     keys = set(base["leaves"]) | set(other["leaves"])
     grown = sorted(keys, key=lambda k: other["leaves"].get(k, 0.0) - base["leaves"].get(k, 0.0), reverse=True)
     for k in grown[:top]:

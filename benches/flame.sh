@@ -61,20 +61,8 @@ for s in "${SCENARIOS[@]}"; do
   requests=$(python3 -c "import json; print(json.load(open('$OUT/$s.json'))['requests'])")
   inferno-flamegraph --title "$s: server CPU, $requests requests in ${SECONDS_WINDOW}s (cpu-clock, 999 Hz)" \
     <"$OUT/$s.folded" >"$OUT/$s.svg"
-  # CPU a request by thread (the folded stack's first frame): inferno
-  # weighs each cpu-clock sample by its period, in nanoseconds.
-  python3 - "$OUT/$s.folded" "$requests" "$s" <<'EOF'
-import collections, sys
-folded, requests, scenario = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-threads = collections.Counter()
-for line in open(folded):
-    stack, _, count = line.rstrip().rpartition(" ")
-    threads[stack.split(";", 1)[0]] += int(count)
-total = sum(threads.values())
-us = lambda n: n / 1e3 / max(1, requests)
-print(f"{scenario}: {requests} requests, {us(total):.1f} us of server CPU a request: "
-      + ", ".join(f"{t} {us(n):.1f}" for t, n in threads.most_common()))
-EOF
+  # CPU a request by thread (the folded stack's first frame).
+  python3 "$(dirname "$0")/flame_split.py" --threads "$OUT" "$s"
 done
 
 first=${SCENARIOS[0]}

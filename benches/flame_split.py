@@ -2,6 +2,8 @@
 """Where a request's server CPU goes, from benches/flame.sh's folded stacks.
 
     benches/flame_split.py DIR [BASE SCENARIO]
+    benches/flame_split.py --threads DIR SCENARIO
+
 
 DIR holds flame.sh's output: SCENARIO.folded (inferno's folded stacks, each
 count a cpu-clock sample's period in nanoseconds) and SCENARIO.json (the load
@@ -17,6 +19,9 @@ microseconds a request, for each and the difference:
 - named parts (PARTS), inclusive, on the request workers and on the other
   threads;
 - the leaf functions of the request workers that grew the most.
+
+With --threads, one line for SCENARIO alone: its server CPU a request, in
+all and by thread (what flame.sh prints after sampling each scenario).
 
 These are the tables of BENCHMARKS.md's flame-graph findings. perf's DWARF
 unwinding slows a server that switches threads more than one that does not,
@@ -132,7 +137,20 @@ def report(base_name, base, name, other, top=15):
     return "\n".join(out)
 
 
+def threads_line(name, requests, p):
+    """One scenario's server CPU a request, in all and by thread."""
+    threads = sorted(p["threads"].items(), key=lambda t: t[1], reverse=True)
+    return (
+        f"{name}: {requests} requests, {sum(p['threads'].values()):.1f} us of server CPU a request: "
+        + ", ".join(f"{t} {us:.1f}" for t, us in threads)
+    )
+
+
 def main(argv):
+    if len(argv) == 4 and argv[1] == "--threads":
+        requests, p = load(argv[2], argv[3])
+        print(threads_line(argv[3], requests, p))
+        return
     if len(argv) not in (2, 4):
         sys.exit(__doc__)
     directory = argv[1]

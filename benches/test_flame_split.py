@@ -51,6 +51,14 @@ class Split(unittest.TestCase):
         p = flame_split.profile(["redb::tree_store::page_store::cached_file::PagedCachedFile::read 100"], 1)
         self.assertEqual(p["parts"], {})
 
+    def test_threads_line(self):
+        lines = [f"{W};h2::frame 3000", f"{W};x 1000", "redb-writer;fdatasync_[k] 2000"]
+        p = flame_split.profile(lines, requests=10)
+        self.assertEqual(
+            flame_split.threads_line("durable", 10, p),
+            "durable: 10 requests, 0.6 us of server CPU a request: tokio-rt-worker 0.4, redb-writer 0.2",
+        )
+
     def test_report_from_a_directory(self):
         with tempfile.TemporaryDirectory() as d:
             for name, stacks, requests in (

@@ -36,7 +36,14 @@ import sys
 WORKER = "tokio-rt-worker"
 # The handlers of src/grpc/service.rs below which a request is our code.
 HANDLER_FRAMES = ("next_action_durable", "next_action_pure")
-# (label, substring of a frame, leaf only?)
+
+
+class Prefix(str):
+    """A pattern that matches the frames starting with it, rather than the
+    frames containing it anywhere (mimalloc's `mi_` would match `semi_`)."""
+
+
+# (label, substring of a frame (or a Prefix, or a tuple of either), leaf only?)
 PARTS = [
     ("journal entry (encode and seal)", "store::journal::entry", False),
     ("  of it, encoding the record", "store::codec::encode_into", False),
@@ -48,13 +55,17 @@ PARTS = [
     ("memcpy (leaf)", "__memcpy", True),
     ("mimalloc allocation fast path (leaf)", "mi_page_malloc_zero", True),
     ("frees from other threads collected", "mi_page_thread_collect_to_local", False),
+    ("mimalloc, all its paths (inclusive)", (Prefix("mi_"), Prefix("_mi_")), False),
+    ("page faults (memory touched afresh)", "exc_page_fault", False),
     ("socket read and write paths", ("poll_read_buf", "poll_write_vectored", "poll_write_buf"), False),
 ]
 
 
 def matches(frame, pattern):
     if isinstance(pattern, tuple):
-        return any(p in frame for p in pattern)
+        return any(matches(frame, p) for p in pattern)
+    if isinstance(pattern, Prefix):
+        return frame.startswith(pattern)
     return pattern in frame
 
 

@@ -46,6 +46,18 @@ class Split(unittest.TestCase):
         self.assertAlmostEqual(parts[("socket read and write paths", "worker")], 0.2)
         self.assertNotIn(("memcpy (leaf)", "other"), parts)
 
+    def test_mimalloc_is_counted_by_the_prefix_of_its_frames(self):
+        lines = [
+            f"{W};alloc::raw_vec::finish_grow;_mi_malloc_generic;mi_find_page 300",
+            f"{W};bytes::BytesMut::reserve;mi_theap_malloc_zero;_mi_page_malloc_zero 200",
+            # A frame with `mi_` inside its name is not mimalloc's.
+            f"{W};hyper::semi_closed::poll 500",
+            f"{W};h2::frame;asm_exc_page_fault_[k];exc_page_fault_[k];handle_mm_fault_[k] 100",
+        ]
+        parts = flame_split.profile(lines, requests=1)["parts"]
+        self.assertAlmostEqual(parts[("mimalloc, all its paths (inclusive)", "worker")], 0.5)
+        self.assertAlmostEqual(parts[("page faults (memory touched afresh)", "worker")], 0.1)
+
     def test_the_thread_name_frame_is_not_a_part(self):
         # A thread named like a pattern is not counted as that part.
         p = flame_split.profile(["redb::tree_store::page_store::cached_file::PagedCachedFile::read 100"], 1)

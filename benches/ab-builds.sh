@@ -5,7 +5,7 @@
 # server was, p99, decisions an fsync (from the server's `group commit
 # totals` line), the server's peak RSS (VmHWM) and the CPU a request of
 # each server thread. Used for the
-# A/B comparisons in BENCHMARKS.md ("Findings").
+# A/B comparisons in docs/benchmarks-log.md ("Findings").
 #
 #   benches/ab-builds.sh SERVER_A SERVER_B [server flags...]
 #

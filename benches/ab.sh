@@ -4,7 +4,7 @@
 # request, and the CPU each server thread has used so far (from
 # /proc/PID/task/*/schedstat), so that the journal writer and the checkpoint
 # thread can be told apart from the request worker. Used for the experiments
-# in BENCHMARKS.md ("Findings"); benches/run.sh is the full benchmark.
+# in docs/benchmarks-log.md ("Findings"); benches/run.sh is the full benchmark.
 #
 #   SCEN="pure-next-action durable-next-action" DUR=3 benches/ab.sh [server flags...]
 #

@@ -289,7 +289,7 @@ stop_server
 # durable figure is judged against pure NextAction measured on the same
 # server just before it (it touches no store), so that the two share the
 # machine's phase: minutes apart, the speed of a shared VM can move by more
-# than the difference being measured (runs AF and AG, BENCHMARKS.md).
+# than the difference being measured (runs AF and AG, docs/benchmarks-log.md).
 log "(4)-(5) durable NextAction, each after pure NextAction on its server: group commit vs --max-batch 1 (x$REPS)"
 for rep in $(seq 1 "$REPS"); do
   start_server durable/group-commit "$WORK/gc-$rep"

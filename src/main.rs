@@ -36,7 +36,7 @@ fn main() -> ExitCode {
 /// once and wrote that one response: 0.8 `writev` a request. Without it,
 /// the connection's task runs after the streams that are ready and writes
 /// their responses together (0.03 a request). Measured on the 2-core VM
-/// (BENCHMARKS.md, "The runtime's LIFO slot"): server CPU a request 9.2 ->
+/// (docs/benchmarks-log.md, "The runtime's LIFO slot"): server CPU a request 9.2 ->
 /// 6.7 us for a health check, 10.2 -> 7.4 us for a pure NextAction.
 ///
 /// A worker about to park tells the store (`idle`): saves waiting out a

@@ -502,7 +502,7 @@ fn snapshot(
 /// at 128 streams, the p99 of a durable decision went from 5.4-5.5 ms to
 /// 3.8-4.2 ms and the server's idle time from 5.0% to 2.1%. The price is
 /// memory: a checkpoint takes longer from start to end, and the saves made
-/// meanwhile wait in memory (BENCHMARKS.md, "Runs AK to AO").
+/// meanwhile wait in memory (docs/benchmarks-log.md, "Runs AK to AO").
 pub(super) const YIELD_EVERY: usize = 64;
 
 /// Called by the checkpoint thread after its `n`th record (from 0) written

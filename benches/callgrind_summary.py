@@ -8,6 +8,10 @@ counters over the load window) and `SCENARIO.json` (the loadgen's report of
 the same window). Prints, per scenario, instructions (Ir) per request, split
 by crate (exclusive cost), the top functions, the inclusive cost of the
 functions that matter for our code, and each scenario against `health`.
+Dumps made with `--cache-sim=yes` (profile.sh with CACHE_SIM_KIB set) also
+get their data misses in the simulated last-level cache a request: in all,
+by thread, the functions that miss most, and who hands the first of them
+cold memory (for memcpy: whose copies land in memory not in the cache).
 Writes summary.json.
 
 Valgrind hides some CPU features (SHA-NI among them), so sha256 runs its
@@ -54,12 +58,15 @@ FUNCTIONS = [
 
 
 def parse(path):
-    """Reads a callgrind dump (positions: line, events: Ir).
+    """Reads a callgrind dump (positions: line; events: Ir, and with
+    `--cache-sim=yes` the cache events after it).
 
-    Returns (total, self_cost[(file, function)], inclusive[function]). The
-    inclusive cost of a function is the sum of the costs of the calls made
-    to it from other functions: exact for functions that are not recursive,
-    and unaffected by inlined code that callgrind_annotate lists under other
+    Returns a `Profile`: the event names, the totals, and by event vector
+    the exclusive cost of each (file, function), the inclusive cost of each
+    function and the cost of each call edge (caller, callee). The inclusive
+    cost of a function is the sum of the costs of the calls made to it from
+    other functions: exact for functions that are not recursive, and
+    unaffected by inlined code that callgrind_annotate lists under other
     file names, or by the call stacks that were active when the dump was
     taken.
     """
@@ -83,20 +90,39 @@ def parse(path):
             files[m.group(1)] = m.group(2)
         return files.get(m.group(1), ref)
 
-    total = 0
-    self_cost = defaultdict(int)
-    inclusive = defaultdict(int)
+    p = Profile()
     fn = None
     fn_file = current_file = "???"
     callee = None
     call_pending = False
+
+    def costs(values):
+        # A cost line may leave out trailing events that are zero.
+        v = [int(x) for x in values]
+        return v + [0] * (len(p.events) - len(v))
+
+    def add(table, key, values):
+        into = table.get(key)
+        if into is None:
+            table[key] = costs(values)
+        else:
+            for i, x in enumerate(values):
+                into[i] += int(x)
+
     with open(path) as f:
         for line in f:
             line = line.rstrip("\n")
             if not line or line.startswith("#"):
                 continue
+            if line.startswith("events:"):
+                p.events = line.split()[1:]
+                continue
             if line.startswith("summary:"):
-                total = int(line.split()[1])
+                p.total = costs(line.split()[1:])
+                continue
+            m = re.match(r"desc: LL cache: (\d+) B", line)
+            if m:
+                p.ll_bytes = int(m.group(1))
                 continue
             key, eq, value = line.partition("=")
             if eq and key in ("fl", "fi", "fe", "fn", "cfn", "cfi", "cfl", "ob", "cob", "calls"):
@@ -116,15 +142,74 @@ def parse(path):
                 continue
             if not line[0] in "0123456789+-*":
                 continue
-            parts = line.split()
-            cost = int(parts[1]) if len(parts) > 1 else 0
+            values = line.split()[1:]
             if call_pending:
                 call_pending = False
                 if callee != fn:
-                    inclusive[callee] += cost
+                    add(p.inclusive, callee, values)
+                    add(p.calls, (fn, callee), values)
             else:
-                self_cost[(current_file, fn)] += cost
-    return total, self_cost, inclusive
+                add(p.self_cost, (current_file, fn), values)
+    return p
+
+
+class Profile:
+    """What `parse` reads from one dump; costs are lists, one per event."""
+
+    def __init__(self):
+        self.events = ["Ir"]
+        self.total = [0]
+        self.ll_bytes = None
+        self.self_cost = {}
+        self.inclusive = {}
+        self.calls = {}
+
+    def column(self, table, *events):
+        """The sum of `events` for each key of `table` (absent events: 0)."""
+        idx = [self.events.index(e) for e in events if e in self.events]
+        return {k: sum(v[i] for i in idx) for k, v in table.items()}
+
+    def has_cache_sim(self):
+        return "DLmr" in self.events
+
+
+# Data misses in the simulated last-level cache: reads and writes.
+LL_MISSES = ("DLmr", "DLmw")
+
+
+def ll_report(p, requests):
+    """Last-level data misses a request: in all, in the functions that
+    matter (inclusive, as for instructions), the functions with the most
+    (exclusive), and who calls the first of them (each call's inclusive
+    misses: for memcpy, whose copies met memory that was not in the cache)."""
+    own = p.column(p.self_cost, *LL_MISSES)
+    incl = p.column(p.inclusive, *LL_MISSES)
+    calls = p.column(p.calls, *LL_MISSES)
+    total = sum(p.total[p.events.index(e)] for e in LL_MISSES)
+
+    named = {}
+    for label, pattern in FUNCTIONS:
+        rx = re.compile(pattern)
+        v = sum(v for f, v in incl.items() if rx.search(f))
+        if v:
+            named[label] = v / requests
+    by_function = defaultdict(int)
+    for (_, function), v in own.items():
+        by_function[function] += v
+    top = sorted(by_function.items(), key=lambda kv: -kv[1])[:10]
+    callers = []
+    if top:
+        first = top[0][0]
+        callers = sorted(((caller, v) for (caller, callee), v in calls.items() if callee == first),
+                         key=lambda kv: -kv[1])[:8]
+    return {
+        "ll_kib": p.ll_bytes // 1024 if p.ll_bytes else None,
+        "per_request": total / requests,
+        "functions": named,
+        "top_self": {f: v / requests for f, v in top},
+        "top_callers": {"function": top[0][0] if top else None,
+                        "callers": {c: v / requests for c, v in callers}},
+    }
 
 
 def crate_of(file, function):
@@ -158,7 +243,10 @@ def main():
         if not requests:
             print(f"\n== {s}: no successful request in the window ({report.get('error_codes')}); skipped")
             continue
-        total, self_cost, by_function = parse(os.path.join(d, s + ".callgrind"))
+        p = parse(os.path.join(d, s + ".callgrind"))
+        total = p.total[p.events.index("Ir")]
+        self_cost = p.column(p.self_cost, "Ir")
+        by_function = p.column(p.inclusive, "Ir")
         groups = defaultdict(int)
         per_function = defaultdict(int)
         for (file, function), ir in self_cost.items():
@@ -195,14 +283,41 @@ def main():
             # one or two checkpoints, or none, so the total moves by
             # thousands of instructions a decision from dump to dump. The
             # request path (worker and journal writer) does not.
-            path = total / requests - named.get(CHECKPOINT_THREAD, 0)
-            summary[s]["ir_per_request_without_checkpoints"] = path
-            print(f"   without the checkpoint thread (the request path): {path:,.0f} instructions a decision")
+            if CHECKPOINT_THREAD in named:
+                path = total / requests - named[CHECKPOINT_THREAD]
+                summary[s]["ir_per_request_without_checkpoints"] = path
+                print(f"   without the checkpoint thread (the request path): {path:,.0f} instructions a decision")
+        if p.has_cache_sim():
+            ll = ll_report(p, requests)
+            summary[s]["ll_misses"] = ll
+            print(f"   last-level data misses a request (simulated LL of {ll['ll_kib']} KiB, reads and writes): "
+                  f"{ll['per_request']:,.1f}")
+            print("   of them, in the functions that matter (inclusive):")
+            for k, v in ll["functions"].items():
+                print(f"     {k:<40} {v:>9,.1f}")
+            print("   functions with the most misses (exclusive):")
+            for f, v in list(ll["top_self"].items())[:8]:
+                print(f"     {f[:90]:<90} {v:>9,.1f}")
+            first = ll["top_callers"]["function"]
+            if first:
+                print(f"   {first[:60]}: its misses by caller (the memory it was given to work on):")
+                for f, v in ll["top_callers"]["callers"].items():
+                    print(f"     {f[:90]:<90} {v:>9,.1f}")
     if "health" in summary:
         base = summary["health"]["ir_per_request"]
         print("\ninstructions per request against health (a CPU-bound server's throughput ratio is about the inverse):")
         for s, v in summary.items():
             print(f"   {s:<22} {v['ir_per_request']:>9,.0f}  x{v['ir_per_request'] / base:.2f}  (throughput bound ~{base / v['ir_per_request']:.2f})")
+    if "pure-next-action" in summary and "ll_misses" in summary["pure-next-action"]:
+        base = summary["pure-next-action"]["ll_misses"]
+        print("\nlast-level data misses a request against pure-next-action (the same request path, no store):")
+        for s, v in summary.items():
+            if "ll_misses" in v:
+                ll = v["ll_misses"]
+                extra = {f: ll["top_self"][f] - base["top_self"].get(f, 0) for f in ll["top_self"]}
+                most = max(extra.items(), key=lambda kv: kv[1]) if extra else ("", 0)
+                print(f"   {s:<22} {ll['per_request']:>9,.1f}  {ll['per_request'] - base['per_request']:>+9,.1f}"
+                      + (f"  (most of it: {most[0][:50]} {most[1]:+,.1f})" if most[1] > 0 else ""))
     json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return 0
 

@@ -6,35 +6,47 @@
 # Scenarios default to: health retry-delay pure-next-action durable-next-action.
 # For each, the release server runs under `valgrind --tool=callgrind` (CPU 0),
 # the load generator drives it in closed loop (CPU 1, 32 streams over 4
-# connections); the counters are zeroed when the warm-up ends and dumped
-# when the window ends, so the dump and the generator's request count cover
-# the same window. benches/callgrind_summary.py then prints instructions per
-# request, by crate and for the functions that matter. As in run.sh, the
-# retry bucket is too large to defer: the profile is of decisions, with the
-# cost of taking a token included.
+# connections unless CONC says otherwise); the counters are zeroed when the
+# warm-up ends and dumped when the window ends, so the dump and the
+# generator's request count cover the same window. benches/callgrind_summary.py
+# then prints instructions per request, by crate and for the functions that
+# matter. As in run.sh, the retry bucket is too large to defer: the profile
+# is of decisions, with the cost of taking a token included.
 #
 # Instructions, not time: the counts do not depend on what else the machine
 # runs, which makes them the figures to trust on a shared 2-core box. They
-# leave out the kernel (syscalls, loopback TCP, fsync) and cache effects;
-# `perf record -e cpu-clock` (see BENCHMARKS.md) covers those.
+# leave out the kernel (syscalls, loopback TCP, fsync); `perf record -e
+# cpu-clock` (see BENCHMARKS.md) covers it.
+#
+# Environment: CONC (streams, default 32); CACHE_SIM_KIB=N adds callgrind's
+# cache simulation, with a last-level cache of N KiB (8-way, 64-byte lines;
+# 32 KiB L1s): give it the machine's L2 (`lscpu`: 512 KiB a core on the
+# slower AMD kind, 1 MiB on the Zen 4 kind) and the summary adds the data
+# misses a request and where they fall. All threads share the one simulated
+# cache, as they share the server's one core.
 set -euo pipefail
 
 SECONDS_WINDOW=8
 WARMUP=4
 # shellcheck source=benches/common.sh
 . "$(dirname "$0")/common.sh"
-bench_options 19 "$@"
+bench_options 26 "$@"
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(health retry-delay pure-next-action durable-next-action)
 command -v valgrind >/dev/null || { echo "profile.sh: valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 
 bench_setup profile
 PORT=${PROFILE_PORT:-21270}
+CONC=${CONC:-32}
+CACHE_SIM=()
+if [ -n "${CACHE_SIM_KIB:-}" ]; then
+  CACHE_SIM=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 "--LL=$((CACHE_SIM_KIB * 1024)),8,64")
+fi
 
 for s in "${SCENARIOS[@]}"; do
   PORT=$((PORT + 1))
   echo "profiling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
   bench_serve "$OUT/$s.server.log" "$PORT" "$WORK/data-$s" \
-    valgrind --tool=callgrind --callgrind-out-file="$WORK/$s.%p"
+    valgrind --tool=callgrind "${CACHE_SIM[@]}" --callgrind-out-file="$WORK/$s.%p"
   (
     sleep "$WARMUP"
     callgrind_control -z "$PID" >/dev/null
@@ -43,7 +55,7 @@ for s in "${SCENARIOS[@]}"; do
   ) &
   CONTROL=$!
   "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario "$s" \
-    --connections 4 --concurrency 32 --warmup "${WARMUP}s" --duration "${SECONDS_WINDOW}s" \
+    --connections 4 --concurrency "$CONC" --warmup "${WARMUP}s" --duration "${SECONDS_WINDOW}s" \
     --server-pid "$PID" --label "profile/$s" >"$OUT/$s.json"
   wait "$CONTROL"
   kill -TERM "$PID"

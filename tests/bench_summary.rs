@@ -1,7 +1,8 @@
 //! The rules of the benchmark scripts that the figures in BENCHMARKS.md rest
 //! on: the verdicts of the summary (`benches/summarize.py`), the split of
-//! an I/O trace (`benches/io_trace.py`) and that of a flame graph's folded
-//! stacks (`benches/flame_split.py`). Their Python tests run here so that
+//! an I/O trace (`benches/io_trace.py`), that of a flame graph's folded
+//! stacks (`benches/flame_split.py`) and the reading of callgrind's dumps
+//! with their simulated cache misses (`benches/callgrind_summary.py`). Their Python tests run here so that
 //! `cargo test` runs every test of the project. Without `python3` each test
 //! says it was skipped, and fails under `CI=true`.
 
@@ -42,4 +43,9 @@ fn io_trace_split() {
 #[test]
 fn flame_graph_split() {
     python_tests("test_flame_split.py");
+}
+
+#[test]
+fn callgrind_dumps_and_cache_misses() {
+    python_tests("test_callgrind_summary.py");
 }

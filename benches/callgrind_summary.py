@@ -173,6 +173,17 @@ class Profile:
         return "DLmr" in self.events
 
 
+def named_costs(inclusive, requests):
+    """The inclusive cost a request of each of FUNCTIONS that ran."""
+    named = {}
+    for label, pattern in FUNCTIONS:
+        rx = re.compile(pattern)
+        cost = sum(v for f, v in inclusive.items() if rx.search(f))
+        if cost:
+            named[label] = cost / requests
+    return named
+
+
 # Data misses in the simulated last-level cache: reads and writes.
 LL_MISSES = ("DLmr", "DLmw")
 
@@ -187,12 +198,7 @@ def ll_report(p, requests):
     calls = p.column(p.calls, *LL_MISSES)
     total = sum(p.total[p.events.index(e)] for e in LL_MISSES)
 
-    named = {}
-    for label, pattern in FUNCTIONS:
-        rx = re.compile(pattern)
-        v = sum(v for f, v in incl.items() if rx.search(f))
-        if v:
-            named[label] = v / requests
+    named = named_costs(incl, requests)
     by_function = defaultdict(int)
     for (_, function), v in own.items():
         by_function[function] += v
@@ -253,12 +259,7 @@ def main():
             groups[crate_of(file, function)] += ir
             per_function[function] += ir
         top = sorted(per_function.items(), key=lambda kv: -kv[1])[:12]
-        named = {}
-        for label, pattern in FUNCTIONS:
-            rx = re.compile(pattern)
-            ir = sum(v for f, v in by_function.items() if rx.search(f))
-            if ir:
-                named[label] = ir / requests
+        named = named_costs(by_function, requests)
         summary[s] = {
             "requests": requests,
             "ir_total": total,

@@ -10,8 +10,9 @@ by crate (exclusive cost), the top functions, the inclusive cost of the
 functions that matter for our code, and each scenario against `health`.
 Dumps made with `--cache-sim=yes` (profile.sh with CACHE_SIM_KIB set) also
 get their data misses in the simulated last-level cache a request: in all,
-by thread, the functions that miss most, and who hands the first of them
-cold memory (for memcpy: whose copies land in memory not in the cache).
+in the functions that matter, the functions that miss most, and who hands
+the first of them cold memory (for memcpy: whose copies land in memory not
+in the cache).
 Writes summary.json.
 
 Valgrind hides some CPU features (SHA-NI among them), so sha256 runs its

@@ -319,7 +319,7 @@ def main():
                 extra = {f: ll["top_self"][f] - base["top_self"].get(f, 0) for f in ll["top_self"]}
                 most = max(extra.items(), key=lambda kv: kv[1]) if extra else ("", 0)
                 print(f"   {s:<22} {ll['per_request']:>9,.1f}  {ll['per_request'] - base['per_request']:>+9,.1f}"
-                      + (f"  (most of it: {most[0][:50]} {most[1]:+,.1f})" if most[1] > 0 else ""))
+                      + (f"  (largest rise among its top functions: {most[0][:50]} {most[1]:+,.1f})" if most[1] > 0 else ""))
     json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return 0
 

@@ -239,6 +239,9 @@ def crate_of(file, function):
 
 
 def main():
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__, file=sys.stderr)
+        return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
     d = sys.argv[1]
     scenarios = sorted(f[:-len(".callgrind")] for f in os.listdir(d) if f.endswith(".callgrind"))
     order = ["health", "retry-delay", "pure-next-action", "durable-next-action"]

@@ -119,7 +119,7 @@ emit_json() {
 import json, sys
 # Always strings, whatever they look like: a short commit hash such as
 # 8e44031 reads as a float (infinity) otherwise.
-TEXT = {"commit", "label", "path", "date", "cpu", "kernel", "loadavg", "work_dir"}
+TEXT = {"commit", "label", "path", "date", "cpu", "kernel", "loadavg", "work_dir", "l2_cache"}
 rec = {}
 for arg in sys.argv[1:]:
     k, _, v = arg.partition("=")
@@ -138,6 +138,9 @@ LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 
 emit_json kind=machine date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" nproc="$(nproc)" \
   cpu="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)" kernel="$(uname -r)" \
+  cpu_family="$(sed -n 's/^cpu family[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -1)" \
+  cpu_model="$(sed -n 's/^model[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -1)" \
+  l2_cache="$(lscpu | sed -n -E 's/^(L2 cache|[[:space:]]*L2):[[:space:]]*//p' | head -1)" \
   commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
   quick=$([ "$QUICK" = 1 ] && echo true || echo false) pinned=$PINNED nice="$NICE" \
   warmup_s="$WARMUP" duration_s="$DURATION" reps="$REPS" open_reps="$OPEN_REPS" connections=$CONNECTIONS \

@@ -1,10 +1,12 @@
 //! The rules of the benchmark scripts that the figures in BENCHMARKS.md rest
 //! on: the verdicts of the summary (`benches/summarize.py`), the split of
 //! an I/O trace (`benches/io_trace.py`), that of a flame graph's folded
-//! stacks (`benches/flame_split.py`) and the reading of callgrind's dumps
-//! with their simulated cache misses (`benches/callgrind_summary.py`). Their Python tests run here so that
-//! `cargo test` runs every test of the project. Without `python3` each test
-//! says it was skipped, and fails under `CI=true`.
+//! stacks (`benches/flame_split.py`), the reading of callgrind's dumps with
+//! their simulated cache misses (`benches/callgrind_summary.py`) and the
+//! table of every target across runs (`benches/across.py`). Their Python
+//! tests run here so that `cargo test` runs every test of the project.
+//! Without `python3` each test says it was skipped, and fails under
+//! `CI=true`.
 
 use std::io::ErrorKind;
 use std::process::Command;
@@ -48,4 +50,9 @@ fn flame_graph_split() {
 #[test]
 fn callgrind_dumps_and_cache_misses() {
     python_tests("test_callgrind_summary.py");
+}
+
+#[test]
+fn targets_across_runs() {
+    python_tests("test_across.py");
 }

@@ -39,7 +39,7 @@ FUNCTIONS = [
     ("    RedbStore::load", r"RedbStore as retry_budget::store::Store>::load::\{\{closure\}\}$"),
     ("    RedbStore::save (until acked)", r"RedbStore as retry_budget::store::Store>::save::\{\{closure\}\}$"),
     ("    ledger::locks (lock + release)", r"^retry_budget::ledger::locks::KeyLocks::lock::\{\{closure\}\}$|^<retry_budget::ledger::locks::KeyGuard as core::ops::drop::Drop>::drop$"),
-    ("      record encode (msgpack)", r"Serialize for retry_budget::budget::activity::ActivityRecord>::serialize$"),
+    ("      record encode (msgpack)", r"^retry_budget::store::codec::encode_into$"),
     ("      store::codec::decode", r"^retry_budget::store::codec::decode$"),
     ("  grpc::convert Decided -> response", r"From<retry_budget::ledger::Decided>"),
     ("journal writer thread (Writer::run)", r"^retry_budget::store::redb::writer::Writer::run$"),

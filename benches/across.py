@@ -26,8 +26,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from summarize import load, verdicts  # noqa: E402
 
-# (column heading, the figure's name in `verdicts`, a prefix that matches
-# it: the durable rows' names end in " (same server)" since run AH).
+# (column heading, a prefix of the figure's name in `verdicts`: the durable
+# rows' names end in " (same server)" since run AH).
 TARGETS = [
     ("RD/h", "RetryDelay / health throughput"),
     ("pure/h", "pure NextAction / health throughput"),
@@ -126,44 +126,49 @@ def cell(value, met, bound):
     return number(value, bound) if met else number(value, bound) + "*"
 
 
+def judged(results, heading, machine=None):
+    """The (figure, met, bound) of one target in each run that judged it,
+    on one machine or all."""
+    return [figs[heading] for _, m, _, figs in results
+            if (machine is None or m == machine) and figs[heading][0] is not None]
+
+
+def median(figures_):
+    return number(statistics.median([v for v, _, _ in figures_]), figures_[0][2])
+
+
+def met_count(figures_):
+    return sum(1 for _, met, _ in figures_ if met)
+
+
 def report(paths):
-    # In the order they ran (the file names sort by date and machine).
+    # In the order they ran.
     models = known_models()
-    results = [r[1:] for r in sorted(figures(p, models) for p in paths)]
+    results = [r[1:] for r in sorted((figures(p, models) for p in paths), key=lambda r: r[:2])]
     lines = []
-    width = max([len(k) for _, k, _, _ in results] + [7])
-    head = f"{'run':<5} {'machine':<{width}} {'commit':<8} " + " ".join(f"{h:>12}" for h, _ in TARGETS)
-    lines.append(head)
+    width = max([len(machine) for _, machine, _, _ in results] + [7])
+    label_width = 5 + width + 10
+
+    def row(label, cells):
+        lines.append(f"{label:<{label_width}}" + " ".join(f"{c:>12}" for c in cells))
+
+    row(f"{'run':<5} {'machine':<{width}} {'commit':<8}", [h for h, _ in TARGETS])
     for name, machine, commit, figs in results:
-        cells = " ".join(f"{cell(*figs[h]):>12}" for h, _ in TARGETS)
-        lines.append(f"{name:<5} {machine:<{width}} {commit:<8} {cells}")
+        row(f"{name:<5} {machine:<{width}} {commit:<8}", [cell(*figs[h]) for h, _ in TARGETS])
     lines.append("")
-    lines.append(f"{'':<{5 + width + 10}}" + " ".join(f"{h:>12}" for h, _ in TARGETS))
-    met_cells, median_cells, range_cells = [], [], []
-    for heading, _ in TARGETS:
-        judged = [figs[heading] for _, _, _, figs in results if figs[heading][0] is not None]
-        values = [v for v, _, _ in judged]
-        met_cells.append(f"{sum(1 for _, m, _ in judged if m)} of {len(judged)}" if judged else "-")
-        bound = judged[0][2] if judged else None
-        median_cells.append(number(statistics.median(values), bound) if values else "-")
-        range_cells.append(f"{number(min(values), bound)}-{number(max(values), bound)}" if values else "-")
-    for label, cells in (("met in", met_cells), ("median", median_cells), ("range", range_cells)):
-        lines.append(f"{label:<{5 + width + 10}}" + " ".join(f"{c:>12}" for c in cells))
+    row("", [h for h, _ in TARGETS])
+    all_runs = [judged(results, h) for h, _ in TARGETS]
+    row("met in", [f"{met_count(j)} of {len(j)}" if j else "-" for j in all_runs])
+    row("median", [median(j) if j else "-" for j in all_runs])
+    row("range", [f"{number(min(v for v, _, _ in j), j[0][2])}-{number(max(v for v, _, _ in j), j[0][2])}"
+                  if j else "-" for j in all_runs])
     kinds = sorted({machine for _, machine, _, _ in results})
     if len(kinds) > 1:
         lines.append("")
         lines.append("by machine: median (runs met / judged)")
         for machine in kinds:
-            cells = []
-            for heading, _ in TARGETS:
-                judged = [figs[heading] for _, m, _, figs in results
-                          if m == machine and figs[heading][0] is not None]
-                if not judged:
-                    cells.append("-")
-                    continue
-                median = number(statistics.median([v for v, _, _ in judged]), judged[0][2])
-                cells.append(f"{median} ({sum(1 for _, met, _ in judged if met)}/{len(judged)})")
-            lines.append(f"{machine:<{5 + width + 10}}" + " ".join(f"{c:>12}" for c in cells))
+            on_it = [judged(results, h, machine) for h, _ in TARGETS]
+            row(machine, [f"{median(j)} ({met_count(j)}/{len(j)})" if j else "-" for j in on_it])
     return "\n".join(lines)
 
 

@@ -133,12 +133,19 @@ def judged(results, heading, machine=None):
             if (machine is None or m == machine) and figs[heading][0] is not None]
 
 
-def median(figures_):
-    return number(statistics.median([v for v, _, _ in figures_]), figures_[0][2])
+def median(found):
+    """The median of `judged`'s figures, printed as `number` prints it."""
+    return number(statistics.median([v for v, _, _ in found]), found[0][2])
 
 
-def met_count(figures_):
-    return sum(1 for _, met, _ in figures_ if met)
+def spread(found):
+    """The lowest and highest of `judged`'s figures."""
+    values = [v for v, _, _ in found]
+    return f"{number(min(values), found[0][2])}-{number(max(values), found[0][2])}"
+
+
+def met_count(found):
+    return sum(1 for _, met, _ in found if met)
 
 
 def report(paths):
@@ -160,8 +167,7 @@ def report(paths):
     all_runs = [judged(results, h) for h, _ in TARGETS]
     row("met in", [f"{met_count(j)} of {len(j)}" if j else "-" for j in all_runs])
     row("median", [median(j) if j else "-" for j in all_runs])
-    row("range", [f"{number(min(v for v, _, _ in j), j[0][2])}-{number(max(v for v, _, _ in j), j[0][2])}"
-                  if j else "-" for j in all_runs])
+    row("range", [spread(j) if j else "-" for j in all_runs])
     kinds = sorted({machine for _, machine, _, _ in results})
     if len(kinds) > 1:
         lines.append("")

@@ -67,13 +67,14 @@ struct Gate {
 /// for: its clients' next requests are still on their way, and the window
 /// or a complete group ends the wait. Committing at every park halved the
 /// groups at 16 streams, cost 4% of throughput there and raised the p99
-/// from 0.7 to 1.1-1.4 ms (BENCHMARKS.md).
+/// from 0.7 to 1.1-1.4 ms (docs/benchmarks-log.md, "Runs AA to AE: a
+/// machine where a decision is cheap and the fsync is not").
 const IDLE_COMMIT_MIN: usize = 32;
 
 /// Lets a store's journal writer end its commit window when a runtime
 /// worker that serves the store's requests runs out of work: waiting on
 /// would leave the CPU idle while saves wait for their fsync (once enough
-/// wait: see [`IDLE_COMMIT_MIN`]). Give one
+/// wait: 32 or more). Give one
 /// handle to [`tokio::runtime::Builder::on_thread_park`] (calling
 /// [`RuntimeIdle::parking`]) and a clone to
 /// [`RedbStoreOptions::runtime_idle`](super::RedbStoreOptions::runtime_idle).

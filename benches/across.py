@@ -82,9 +82,9 @@ def kind(machine, run=None, models=None):
 
 
 def figure(row):
-    """The judged figure of one verdict row and whether it met the target
-    (None when not judged)."""
-    bound = float(row["target"].split()[-1])
+    """The judged figure of one verdict row, whether it met the target
+    (both None when not judged), and the target's bound."""
+    bound = row["bound"]
     if row.get("met") is None:
         return None, None, bound
     value = row.get("clean_ratio")

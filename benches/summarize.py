@@ -160,6 +160,7 @@ def verdicts(runs, servers):
                 "clean_ratio": clean_ratio,
                 "pair_ratios": pairs,
                 "target": f"{op} {bound}",
+                "bound": bound,
                 "met": met,
                 "spread": spread,
             }
@@ -193,6 +194,7 @@ def verdicts(runs, servers):
             "what": "peak RSS, big store (MiB)",
             "ratio": rss_mib,
             "target": "< 256",
+            "bound": 256,
             "met": rss_mib < 256 if rss_mib is not None else None,
             "spread": ", ".join(fmt(h / MIB, 0) for h in hwm) or "n/a",
         }

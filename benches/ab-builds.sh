@@ -13,14 +13,16 @@
 # seconds; 4), CONC (streams; 128), CONN (connections; 4), B_BATCH (thread
 # names, such as "redb-writer": server B's threads of those names are moved
 # to SCHED_BATCH with chrt once it listens, so A and B may be one binary
-# and the A/B is of that scheduling alone). To build an
-# older commit beside the current one:
+# and the A/B is of that scheduling alone), B_CPU1 (thread names, such as
+# "redb-writer redb-checkpoint": server B's threads of those names are moved
+# to CPU 1, the generator's, with taskset once it listens: what sharing the
+# server's core costs). To build an older commit beside the current one:
 #   git worktree add /tmp/old COMMIT && cargo build --release --bin retry-budget \
 #     --manifest-path /tmp/old/Cargo.toml --target-dir /tmp/old-target
 # The server runs on CPU 0 and the generator on CPU 1, at nice -10 (root).
 # Needs release binaries of this checkout (for the generator) and python3.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 A=$1; B=$2; shift 2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 L=${CARGO_TARGET_DIR:-$ROOT/target}/release/retry-budget-loadgen
@@ -47,6 +49,16 @@ for _ in $(seq 1 "${ROUNDS:-3}"); do
         for name in $B_BATCH; do
           if [ "$(cat "$task/comm" 2>/dev/null)" = "$name" ]; then
             chrt -b -p 0 "$(basename "$task")" >/dev/null
+          fi
+        done
+      done
+    fi
+    if [ "$side" = B ] && [ -n "${B_CPU1:-}" ]; then
+      label="$label (on CPU 1: $B_CPU1)"
+      for task in /proc/"$PID"/task/*; do
+        for name in $B_CPU1; do
+          if [ "$(cat "$task/comm" 2>/dev/null)" = "$name" ]; then
+            taskset -p -c 1 "$(basename "$task")" >/dev/null
           fi
         done
       done

@@ -34,6 +34,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# on_threads PID "NAME..." CMD...: runs CMD TID for each of PID's threads
+# whose name is one of NAMES.
+on_threads() {
+  local pid=$1 names=$2 task name
+  shift 2
+  for task in /proc/"$pid"/task/*; do
+    for name in $names; do
+      if [ "$(cat "$task/comm" 2>/dev/null)" = "$name" ]; then
+        "$@" "$(basename "$task")" >/dev/null
+      fi
+    done
+  done
+}
+
 for _ in $(seq 1 "${ROUNDS:-3}"); do
   for side in A B; do
     if [ "$side" = A ]; then server=$A; else server=$B; fi
@@ -44,24 +58,12 @@ for _ in $(seq 1 "${ROUNDS:-3}"); do
     sleep 0.7
     label=$server
     if [ "$side" = B ] && [ -n "${B_BATCH:-}" ]; then
-      label="$server (SCHED_BATCH: $B_BATCH)"
-      for task in /proc/"$PID"/task/*; do
-        for name in $B_BATCH; do
-          if [ "$(cat "$task/comm" 2>/dev/null)" = "$name" ]; then
-            chrt -b -p 0 "$(basename "$task")" >/dev/null
-          fi
-        done
-      done
+      label="$label (SCHED_BATCH: $B_BATCH)"
+      on_threads "$PID" "$B_BATCH" chrt -b -p 0
     fi
     if [ "$side" = B ] && [ -n "${B_CPU1:-}" ]; then
       label="$label (on CPU 1: $B_CPU1)"
-      for task in /proc/"$PID"/task/*; do
-        for name in $B_CPU1; do
-          if [ "$(cat "$task/comm" 2>/dev/null)" = "$name" ]; then
-            taskset -p -c 1 "$(basename "$task")" >/dev/null
-          fi
-        done
-      done
+      on_threads "$PID" "$B_CPU1" taskset -p -c 1
     fi
     nice -n -10 taskset -c 1 "$L" --target "http://127.0.0.1:$PORT" --connections "${CONN:-4}" \
       --concurrency "${CONC:-128}" --warmup 1s --duration "${DUR:-4}s" --server-pid "$PID" \

@@ -22,7 +22,7 @@
 # The server runs on CPU 0 and the generator on CPU 1, at nice -10 (root).
 # Needs release binaries of this checkout (for the generator) and python3.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 A=$1; B=$2; shift 2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 L=${CARGO_TARGET_DIR:-$ROOT/target}/release/retry-budget-loadgen

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# A/B of two server builds: alternates fresh servers of build A and build B
-# (A/B/A/B...), each on a fresh data directory, one closed-loop window each,
+# A/B of two (or more) server builds: alternates fresh servers of build A
+# and build B (A/B/A/B...), each on a fresh data directory, one closed-loop window each,
 # and prints a line a window: throughput, server CPU a request, how busy the
 # server was, p99, decisions an fsync (from the server's `group commit
 # totals` line), the server's peak RSS (VmHWM) and the CPU a request of
 # each server thread. Used for the
 # A/B comparisons in docs/benchmarks-log.md ("Findings").
 #
-#   benches/ab-builds.sh SERVER_A SERVER_B [server flags...]
+#   benches/ab-builds.sh SERVER_A SERVER_B [SERVER_C ...] [server flags...]
+#
+# More than two builds are alternated the same way (A/B/C/A/B/C...), so
+# that several variants share each phase of the machine's speed. The builds
+# are the arguments before the first one that starts with "-". A build may
+# be a wrapper script that sets the environment and `exec`s a binary (the
+# process id stays the server's), such as the variants of
+# benches/patches/journal-variants.patch.
 #
 # Environment: SCEN (default durable-next-action), ROUNDS (3), DUR (window,
 # seconds; 4), CONC (streams; 128), CONN (connections; 4), B_BATCH (thread
@@ -22,8 +29,9 @@
 # The server runs on CPU 0 and the generator on CPU 1, at nice -10 (root).
 # Needs release binaries of this checkout (for the generator) and python3.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-A=$1; B=$2; shift 2
+BUILDS=()
+while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do BUILDS+=("$1"); shift; done
+[ ${#BUILDS[@]} -ge 2 ] || { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 L=${CARGO_TARGET_DIR:-$ROOT/target}/release/retry-budget-loadgen
 PORT=${BENCH_PORT:-21191}
@@ -49,8 +57,9 @@ on_threads() {
 }
 
 for _ in $(seq 1 "${ROUNDS:-3}"); do
-  for side in A B; do
-    if [ "$side" = A ]; then server=$A; else server=$B; fi
+  for i in "${!BUILDS[@]}"; do
+    server=${BUILDS[$i]}
+    if [ "$i" = 1 ]; then side=B; else side=A; fi
     DATA=$(mktemp -d)
     nice -n -10 taskset -c 0 "$server" --listen "127.0.0.1:$PORT" --data-dir "$DATA" --drain-delay 0s \
       --retry-rate 1000000 --retry-burst 1000000 "$@" 2>"$DATA.log" &

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A/B of two (or more) server builds: alternates fresh servers of build A
-# and build B (A/B/A/B...), each on a fresh data directory, one closed-loop window each,
-# and prints a line a window: throughput, server CPU a request, how busy the
-# server was, p99, decisions an fsync (from the server's `group commit
-# totals` line), the server's peak RSS (VmHWM) and the CPU a request of
-# each server thread. Used for the
-# A/B comparisons in docs/benchmarks-log.md ("Findings").
+# and build B (A/B/A/B...), each on a fresh data directory, one closed-loop
+# window each, and prints a line a window: throughput, server CPU a
+# request, how busy the server was, p99, decisions an fsync (from the
+# server's `group commit totals` line), the server's peak RSS (VmHWM) and
+# the CPU a request of each server thread. Used for the A/B comparisons in
+# docs/benchmarks-log.md ("Findings").
 #
 #   benches/ab-builds.sh SERVER_A SERVER_B [SERVER_C ...] [server flags...]
 #
@@ -31,7 +31,7 @@
 set -euo pipefail
 BUILDS=()
 while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do BUILDS+=("$1"); shift; done
-[ ${#BUILDS[@]} -ge 2 ] || { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ ${#BUILDS[@]} -ge 2 ] || { sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 L=${CARGO_TARGET_DIR:-$ROOT/target}/release/retry-budget-loadgen
 PORT=${BENCH_PORT:-21191}
@@ -59,7 +59,8 @@ on_threads() {
 for _ in $(seq 1 "${ROUNDS:-3}"); do
   for i in "${!BUILDS[@]}"; do
     server=${BUILDS[$i]}
-    if [ "$i" = 1 ]; then side=B; else side=A; fi
+    # B_BATCH and B_CPU1 apply to the second build alone.
+    if [ "$i" = 1 ]; then side=B; else side=other; fi
     DATA=$(mktemp -d)
     nice -n -10 taskset -c 0 "$server" --listen "127.0.0.1:$PORT" --data-dir "$DATA" --drain-delay 0s \
       --retry-rate 1000000 --retry-burst 1000000 "$@" 2>"$DATA.log" &

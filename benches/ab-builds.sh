@@ -59,19 +59,18 @@ on_threads() {
 for _ in $(seq 1 "${ROUNDS:-3}"); do
   for i in "${!BUILDS[@]}"; do
     server=${BUILDS[$i]}
-    # B_BATCH and B_CPU1 apply to the second build alone.
-    if [ "$i" = 1 ]; then side=B; else side=other; fi
     DATA=$(mktemp -d)
     nice -n -10 taskset -c 0 "$server" --listen "127.0.0.1:$PORT" --data-dir "$DATA" --drain-delay 0s \
       --retry-rate 1000000 --retry-burst 1000000 "$@" 2>"$DATA.log" &
     PID=$!
     sleep 0.7
     label=$server
-    if [ "$side" = B ] && [ -n "${B_BATCH:-}" ]; then
+    # B_BATCH and B_CPU1 apply to the second build (index 1) alone.
+    if [ "$i" = 1 ] && [ -n "${B_BATCH:-}" ]; then
       label="$label (SCHED_BATCH: $B_BATCH)"
       on_threads "$PID" "$B_BATCH" chrt -b -p 0
     fi
-    if [ "$side" = B ] && [ -n "${B_CPU1:-}" ]; then
+    if [ "$i" = 1 ] && [ -n "${B_CPU1:-}" ]; then
       label="$label (on CPU 1: $B_CPU1)"
       on_threads "$PID" "$B_CPU1" taskset -p -c 1
     fi

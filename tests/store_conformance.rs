@@ -274,6 +274,119 @@ async fn redb_store_conforms_with_a_checkpoint_after_every_group() {
     .await;
 }
 
+#[tokio::test]
+async fn redb_store_conforms_with_a_key_filter_rebuilt_all_the_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    conformance(move || {
+        let mut options = RedbStoreOptions::new(&path);
+        // A filter sized for one key is full at once: builds run all the
+        // time, beside checkpoints after every group.
+        options.key_filter_min = 1;
+        options.segment_bytes = 1;
+        options.commit_window = std::time::Duration::ZERO;
+        RedbStore::open(&options).expect("open redb")
+    })
+    .await;
+}
+
+/// Waits until `store` has built `builds` filters of stored keys.
+async fn key_filter_builds(store: &RedbStore, builds: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let built = store
+            .commit_stats()
+            .key_filter_builds
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if built >= builds {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{built} filters of stored keys built, waited for {builds}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// The filter of stored keys may only ever spare a load the lookup of a key
+/// that was never stored: every saved key is found again, while saves,
+/// checkpoints and filter builds all run at once, after a purge and a save
+/// of the purged key again, and after the store is reopened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redb_key_filter_never_hides_a_stored_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = |path: &std::path::Path| {
+        let mut options = RedbStoreOptions::new(path);
+        options.key_filter_min = 64;
+        options.segment_bytes = 16 << 10;
+        options.commit_window = std::time::Duration::ZERO;
+        options
+    };
+    let store = Arc::new(RedbStore::open(&options(dir.path())).unwrap());
+    key_filter_builds(&store, 1).await;
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..150 {
+                let k = key("kf", &format!("task-{t}-act-{i}"));
+                assert_eq!(store.load(&k).await.unwrap(), None, "{k:?} before its save");
+                let first = record(&k, ErrorClass::Transient, 3600);
+                store.save(first.clone(), None).await.unwrap();
+                // Found again at once, and again a few saves later, by
+                // which time checkpoints and builds have moved on.
+                assert_eq!(store.load(&k).await.unwrap(), Some(first.clone()));
+                if i >= 5 {
+                    let back = key("kf", &format!("task-{t}-act-{}", i - 5));
+                    assert!(store.load(&back).await.unwrap().is_some(), "{back:?} lost");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let builds = store
+        .commit_stats()
+        .key_filter_builds
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        builds >= 3,
+        "only {builds} filters built: no build raced the saves"
+    );
+    let all =
+        || (0..16).flat_map(|t| (0..150).map(move |i| key("kf", &format!("task-{t}-act-{i}"))));
+    for k in all() {
+        assert!(store.load(&k).await.unwrap().is_some(), "{k:?} lost");
+    }
+
+    // Purged, then saved again: found, here and after reopening.
+    let short = key("kf", "short-lived");
+    store
+        .save(record(&short, ErrorClass::Transient, 1), None)
+        .await
+        .unwrap();
+    // It expires at NOW + 1 s, the others at NOW + 3600 s.
+    assert_eq!(store.purge(NOW + 1_001, 1000).await.unwrap(), 1);
+    assert_eq!(store.load(&short).await.unwrap(), None);
+    let again = record(&short, ErrorClass::Transient, 60);
+    store.save(again.clone(), None).await.unwrap();
+    assert_eq!(store.load(&short).await.unwrap(), Some(again.clone()));
+
+    drop(store);
+    let store = RedbStore::open(&options(dir.path())).unwrap();
+    key_filter_builds(&store, 1).await;
+    for k in all() {
+        assert!(
+            store.load(&k).await.unwrap().is_some(),
+            "{k:?} lost after reopening"
+        );
+    }
+    assert_eq!(store.load(&short).await.unwrap(), Some(again));
+    assert_eq!(store.load(&key("kf", "never-saved")).await.unwrap(), None);
+}
+
 fn journal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut found: Vec<_> = std::fs::read_dir(dir)
         .unwrap()

@@ -80,12 +80,6 @@ pub struct ServeArgs {
     /// replays little.
     #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
     pub journal_segment_age: Duration,
-    /// The fewest activities the filter of stored keys is sized for (1.2 MB
-    /// a million; it grows with the store). With it, an activity's first
-    /// report skips the database lookup when the filter says the activity
-    /// was never stored. 0 turns it off: every first report looks it up.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub key_filter_min_keys: usize,
     /// Attempts allowed to activities whose first report has no policy.
     #[arg(long, default_value_t = 5)]
     pub default_max_attempts: u32,
@@ -162,7 +156,6 @@ impl ServeArgs {
         config.commit_window = self.commit_window;
         config.journal_segment_bytes = u64::from(self.journal_segment_mib) << 20;
         config.journal_segment_age = self.journal_segment_age;
-        config.key_filter_min = self.key_filter_min_keys;
         config.default_policy = Policy {
             max_attempts: self.default_max_attempts,
             deadline_seconds: self.default_deadline.as_secs(),
@@ -465,7 +458,6 @@ mod tests {
         let defaults = crate::store::RedbStoreOptions::new("x");
         assert_eq!(config.journal_segment_bytes, defaults.segment_bytes);
         assert_eq!(config.journal_segment_age, defaults.segment_age);
-        assert_eq!(config.key_filter_min, defaults.key_filter_min);
 
         let cli = Cli::try_parse_from([
             "retry-budget",
@@ -473,13 +465,10 @@ mod tests {
             "64",
             "--journal-segment-age",
             "30s",
-            "--key-filter-min-keys",
-            "0",
         ])
         .unwrap();
         let config = cli.serve.config().unwrap();
         assert_eq!(config.journal_segment_bytes, 64 << 20);
-        assert_eq!(config.key_filter_min, 0);
         assert_eq!(config.journal_segment_age, Duration::from_secs(30));
 
         for bad in [
@@ -487,7 +476,6 @@ mod tests {
             ["--journal-segment-mib", "1025"],
             ["--journal-segment-age", "0s"],
             ["--journal-segment-age", "soon"],
-            ["--key-filter-min-keys", "many"],
         ] {
             let error = Cli::try_parse_from(["retry-budget", bad[0], bad[1]]).unwrap_err();
             assert_eq!(

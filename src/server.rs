@@ -42,8 +42,6 @@ pub struct ServerConfig {
     pub journal_segment_bytes: u64,
     /// A journal segment this old is checkpointed even when small.
     pub journal_segment_age: Duration,
-    /// The fewest keys the filter of stored keys is sized for; 0 for none.
-    pub key_filter_min: usize,
     /// The policy of activities whose first report names none.
     pub default_policy: Policy,
     /// How long a closed (or expired) activity is kept before it is purged.
@@ -75,7 +73,6 @@ impl ServerConfig {
             commit_window: store.commit_window,
             journal_segment_bytes: store.segment_bytes,
             journal_segment_age: store.segment_age,
-            key_filter_min: store.key_filter_min,
             data_dir: store.data_dir,
             default_policy: Policy {
                 max_attempts: 5,
@@ -129,7 +126,6 @@ pub async fn run(
     options.commit_window = config.commit_window;
     options.segment_bytes = config.journal_segment_bytes;
     options.segment_age = config.journal_segment_age;
-    options.key_filter_min = config.key_filter_min;
     options.runtime_idle.clone_from(&config.runtime_idle);
     let store = RedbStore::open(&options)?;
     // A clone shares the counters; it is dropped when `run` returns, after

@@ -54,7 +54,6 @@
 //! - `purge_index`: `(purgeable_from_ms, tenant, activity_id)` -> `()`, so the
 //!   retention sweeper finds expired records without scanning them all.
 
-mod keys;
 mod writer;
 
 use std::hash::BuildHasher;
@@ -115,19 +114,11 @@ pub struct RedbStoreOptions {
     /// runs out of work (see [`RuntimeIdle`]). Without it, only a complete
     /// group or the window's end does.
     pub runtime_idle: Option<RuntimeIdle>,
-    /// The fewest keys the filter of stored keys is sized for (1.2 MB a
-    /// million); 0 turns the filter off. With it, a load that misses the
-    /// overlay skips redb when the filter says the key was never stored,
-    /// as an activity's first report finds. It is built by a background
-    /// thread after opening (until then every such load looks redb up) and
-    /// again each time the keys added outnumber what it was sized for.
-    pub key_filter_min: usize,
 }
 
 impl RedbStoreOptions {
     /// Defaults for a data directory: groups of up to 1024 saves, a 2 ms
-    /// commit window, 64 MiB of redb cache, 16 MiB or 5 s segments, a filter
-    /// of stored keys sized for at least a million.
+    /// commit window, 64 MiB of redb cache, 16 MiB or 5 s segments.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
@@ -138,7 +129,6 @@ impl RedbStoreOptions {
             segment_age: Duration::from_secs(5),
             checkpoint_on_close: true,
             runtime_idle: None,
-            key_filter_min: 1 << 20,
         }
     }
 }
@@ -155,10 +145,6 @@ pub struct CommitStats {
     /// Records those checkpoints wrote: fewer than `saves` when an activity
     /// was saved more than once within a segment.
     pub checkpointed: AtomicU64,
-    /// Filters of stored keys built (see
-    /// [`RedbStoreOptions::key_filter_min`]); 0 while the first is being
-    /// built, and while loads look redb up for every key.
-    pub key_filter_builds: AtomicU64,
 }
 
 impl CommitStats {
@@ -268,8 +254,6 @@ struct Overlay {
     /// The checkpointed segment kept for reuse: set by the checkpoint
     /// thread, taken by the writer when it starts a segment.
     spare: Spare,
-    /// The filter of the keys redb holds, and the one being built.
-    filters: keys::Filters,
 }
 
 /// Whether the data directory holds a checkpointed segment to recycle
@@ -440,18 +424,13 @@ impl RedbStore {
 
 impl Store for RedbStore {
     async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
-        let (pending, may_be_stored) = {
-            let overlay = self.shared.overlay();
-            match overlay.get(key) {
-                Some(p) => (Some(Arc::clone(&p.record)), true),
-                None => (None, overlay.filters.may_hold(key)),
-            }
-        };
+        let pending = self
+            .shared
+            .overlay()
+            .get(key)
+            .map(|p| Arc::clone(&p.record));
         if let Some(record) = pending {
             return Ok(Some(ActivityRecord::clone(&record)));
-        }
-        if !may_be_stored {
-            return Ok(None);
         }
         let Some(value) = self
             .shared

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::{Frozen, Pending, RedbStoreOptions, Shared, Spare, checkpoint_into, keys};
+use super::{Frozen, Pending, RedbStoreOptions, Shared, Spare, checkpoint_into};
 use crate::store::StoreError;
 use crate::store::journal::{self, Segment};
 
@@ -218,8 +218,6 @@ impl WriterHandle {
             segment_bytes: options.segment_bytes.max(1),
             segment_age: options.segment_age,
             checkpoint_on_close: options.checkpoint_on_close,
-            key_filter_min: options.key_filter_min,
-            builder: None,
             frozen_tx: Some(frozen_tx),
             checkpointer: Some(checkpointer),
             closing,
@@ -273,10 +271,6 @@ struct Writer {
     segment_bytes: u64,
     segment_age: Duration,
     checkpoint_on_close: bool,
-    /// See [`RedbStoreOptions::key_filter_min`]; 0 for no filter.
-    key_filter_min: usize,
-    /// The thread building a filter of stored keys, if one was started.
-    builder: Option<thread::JoinHandle<()>>,
     frozen_tx: Option<mpsc::Sender<Arc<Frozen>>>,
     checkpointer: Option<thread::JoinHandle<()>>,
     closing: Arc<AtomicBool>,
@@ -303,7 +297,6 @@ impl Writer {
         let mut batch = Vec::with_capacity(self.max_batch);
         let mut flushes = Vec::new();
         let mut framed = Vec::new();
-        self.build_key_filter();
         loop {
             // Under load, let the next group fill before looking at the
             // queue, until the window ends or as many saves wait as recent
@@ -381,11 +374,6 @@ impl Writer {
                 .and_then(|()| journal::sync_dir(&self.shared.dir));
         }
         self.closing.store(true, Ordering::Relaxed);
-        if let Some(builder) = self.builder.take()
-            && builder.join().is_err()
-        {
-            tracing::error!("the thread building the filter of stored keys panicked");
-        }
         drop(self.frozen_tx.take());
         if let Some(checkpointer) = self.checkpointer.take()
             && checkpointer.join().is_err()
@@ -425,21 +413,17 @@ impl Writer {
         // versions it replaced, after releasing it.
         let mut acks = mem::take(&mut self.acks);
         let mut replaced = mem::take(&mut self.replaced);
-        let filter_due = {
+        {
             let mut overlay = result.is_ok().then(|| self.shared.overlay());
             for write in batch.drain(..) {
-                if let Some(overlay) = overlay.as_mut() {
-                    // Into the filters before the overlay: see keys.rs.
-                    let record = &write.pending.record;
-                    overlay.filters.insert(&record.tenant, &record.activity_id);
-                    if let Some(held) = overlay.active.upsert(write.pending) {
-                        replaced.push(held);
-                    }
+                if let Some(overlay) = overlay.as_mut()
+                    && let Some(held) = overlay.active.upsert(write.pending)
+                {
+                    replaced.push(held);
                 }
                 acks.push(write.done);
             }
-            overlay.is_some_and(|o| o.filters.due())
-        };
+        }
         for done in acks.drain(..) {
             // A caller that gave up (its request was cancelled) no longer
             // listens; its save is durable all the same.
@@ -448,36 +432,6 @@ impl Writer {
         replaced.clear();
         self.acks = acks;
         self.replaced = replaced;
-        if filter_due {
-            self.build_key_filter();
-        }
-    }
-
-    /// Starts a thread that builds a new filter of stored keys, unless
-    /// filters are off or one is being built.
-    fn build_key_filter(&mut self) {
-        if self.key_filter_min == 0 || self.builder.as_ref().is_some_and(|b| !b.is_finished()) {
-            return;
-        }
-        if let Some(done) = self.builder.take()
-            && done.join().is_err()
-        {
-            tracing::error!("the thread building the filter of stored keys panicked");
-        }
-        let shared = Arc::clone(&self.shared);
-        let closing = Arc::clone(&self.closing);
-        let min = self.key_filter_min;
-        match thread::Builder::new()
-            .name("redb-keys".into())
-            .spawn(move || {
-                yield_to_requests();
-                keys::build(&shared, min, &closing);
-            }) {
-            Ok(builder) => self.builder = Some(builder),
-            Err(error) => {
-                tracing::error!(%error, "cannot start the thread that builds the filter of stored keys");
-            }
-        }
     }
 
     /// Rotates unless a checkpoint is running; then looks again shortly.

@@ -102,6 +102,26 @@ def clean(rec):
     return (rec.get("other_busy_cores") or 0.0) <= NOISY_CORES and on_schedule(rec)
 
 
+def noisy_groups(runs):
+    """The groups whose windows' mean other work was over NOISY_CORES, with
+    that mean and the mean of it that was the hypervisor's steal (None in
+    files from before the load generator recorded it)."""
+    noisy = []
+    for label, recs in sorted(runs.items()):
+        other = mean([r.get("other_busy_cores") for r in recs])
+        if (other or 0) > NOISY_CORES:
+            noisy.append((label, other, mean([r.get("steal_cores") for r in recs])))
+    return noisy
+
+
+def noisy_label(label, other, steal):
+    """A noisy group as the warning names it: with the steal's share of the
+    other work when the file records it."""
+    if steal is None:
+        return label
+    return f"{label} ({fmt(other)} of a core, {fmt(steal)} of it stolen by the host)"
+
+
 def ratio(runs, a, b, metric):
     """mean(metric of a) / mean(metric of b), the per-pair ratios (the i-th
     run of a with the i-th run of b), and the ratio of the means over the
@@ -239,10 +259,11 @@ def main():
         print(f"{r['what']:<52} {fmt(r.get('a_mean')):>10} {fmt(r.get('b_mean')):>10} "
               f"{fmt(r['ratio']):>6} {fmt(r.get('clean_ratio')):>6} {r['spread']:>11} {r['target']:>8}  {met}")
     print()
-    print("by group, mean of the reps: throughput (req/s), latency (us), CPU (cores), server CPU a request (us),")
-    print("server run-queue wait (ms in the window), and which side was saturated:")
+    print("by group, mean of the reps: throughput (req/s), latency (us), CPU (cores: the server, the generator,")
+    print("other work on the machine, and of it the host's steal), server CPU a request (us), server")
+    print("run-queue wait (ms in the window), and which side was saturated:")
     print(f"  {'group':<26} {'runs':>4} {'req/s':>9} {'p50':>7} {'p99':>7} {'p99.9':>7} {'server':>6} "
-          f"{'gen':>5} {'other':>5} {'us/req':>6} {'wait':>5} {'bound':>9} {'errors':>6}")
+          f"{'gen':>5} {'other':>5} {'steal':>5} {'us/req':>6} {'wait':>5} {'bound':>9} {'errors':>6}")
     for label in sorted(runs):
         recs = [r for r in runs[label] if "throughput_rps" in r]
         if not recs:
@@ -263,6 +284,7 @@ def main():
               f"{fmt(lat('p50'), 0):>7} {fmt(lat('p99'), 0):>7} {fmt(lat('p999'), 0):>7} "
               f"{fmt(server):>6} {fmt(client):>5} "
               f"{fmt(mean([r.get('other_busy_cores') for r in recs])):>5} "
+              f"{fmt(mean([r.get('steal_cores') for r in recs])):>5} "
               f"{fmt(mean([r.get('server_cpu_us_per_request') for r in recs]), 1):>6} "
               f"{fmt(mean([r.get('server_runqueue_wait_ms') for r in recs]), 0):>5} {bound:>9} "
               f"{sum(r.get('errors') or 0 for r in recs):>6}")
@@ -288,12 +310,10 @@ def main():
         )
         print(f"  {label:<26} {cells} {fmt(mean([r.get('server_kernel_share') for r in recs])):>7} "
               f"{fmt(mean([r.get('server_minor_faults_per_request') for r in recs]), 3):>7}")
-    noisy = sorted(
-        label for label, recs in runs.items()
-        if (mean([r.get("other_busy_cores") for r in recs]) or 0) > NOISY_CORES
-    )
+    noisy = noisy_groups(runs)
     if noisy:
-        print(f"\nWARNING: other work used more than {NOISY_CORES} of a core during: {', '.join(noisy)};"
+        print(f"\nWARNING: other work used more than {NOISY_CORES} of a core during: "
+              f"{', '.join(noisy_label(*n) for n in noisy)};"
               " their figures (and ratios using them) are not clean.")
     late = [
         f"{label} rep {i + 1} (generator lag p99 {fmt(generator_lag(r), 0)} us)"

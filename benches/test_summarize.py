@@ -121,6 +121,19 @@ class Verdicts(unittest.TestCase):
         self.assertAlmostEqual(rss["ratio"], 300)
         self.assertFalse(rss["met"])
 
+    def test_a_noisy_group_says_how_much_of_it_the_host_stole(self):
+        runs = {
+            "durable/group-commit": [{"other_busy_cores": 0.5, "steal_cores": 0.4},
+                                     {"other_busy_cores": 0.3, "steal_cores": 0.2}],
+            "closed/health": [{"other_busy_cores": 0.1, "steal_cores": 0.1}],
+            "closed/pure-next-action": [{"other_busy_cores": 0.4}],
+        }
+        noisy = summarize.noisy_groups(runs)
+        self.assertEqual([n[0] for n in noisy], ["closed/pure-next-action", "durable/group-commit"])
+        self.assertEqual(summarize.noisy_label(*noisy[0]), "closed/pure-next-action")
+        self.assertEqual(summarize.noisy_label(*noisy[1]),
+                         "durable/group-commit (0.40 of a core, 0.30 of it stolen by the host)")
+
     def test_a_target_without_windows_is_not_judged(self):
         rows = summarize.verdicts(defaultdict(list), {})
         self.assertTrue(all(r["met"] is None for r in rows))

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::probe::{CpuClock, CpuUsed, SystemClock};
+use crate::probe::{CpuClock, CpuUsed, SystemClock, SystemUsed};
 use crate::scenario::VirtualClient;
 
 /// How long requests still in flight at the end may take before the run
@@ -166,13 +166,16 @@ impl Tally {
                         .map(|faults| faults as f64 / self.ok.max(1) as f64)
                 );
             }
-            report["system_busy_cores"] = json!(cpu.system);
-            // What neither process used: other work on the machine, and
-            // kernel time (softirq) not charged to either.
+            report["system_busy_cores"] = json!(cpu.system.map(|s| s.busy));
+            // What neither process used: other work on the machine, kernel
+            // time (softirq) not charged to either, and the time the
+            // hypervisor gave the guest's cores to someone else (steal),
+            // which is also reported alone.
             let other = cpu
                 .system
-                .map(|s| s - cpu.client.cores - server.unwrap_or(0.0));
+                .map(|s| s.busy - cpu.client.cores - server.unwrap_or(0.0));
             report["other_busy_cores"] = json!(other);
+            report["steal_cores"] = json!(cpu.system.map(|s| s.steal));
         }
     }
 }
@@ -182,7 +185,7 @@ impl Tally {
 struct CpuUse {
     client: CpuUsed,
     server: Option<CpuUsed>,
-    system: Option<f64>,
+    system: Option<SystemUsed>,
 }
 
 /// Reads the processes' and the machine's CPU time at the window's start
@@ -198,7 +201,7 @@ fn measure_cpu(window: Window, server_pid: Option<u32>) -> tokio::task::JoinHand
         Some(CpuUse {
             client: client.used_since(seconds)?,
             server: server.and_then(|s| s.used_since(seconds)),
-            system: system.cores_since(seconds),
+            system: system.used_since(seconds),
         })
     })
 }

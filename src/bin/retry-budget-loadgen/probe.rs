@@ -218,40 +218,101 @@ fn proc_stat(pid: &str) -> Option<ProcStat> {
 
 /// The whole machine's busy CPU time at one instant, from the `cpu` line of
 /// `/proc/stat` (in `USER_HZ` ticks, 100 a second on Linux): everything but
-/// idle and iowait. Set against the server's and the generator's own time,
-/// it shows how much of the machine something else used during a run.
+/// idle and iowait, the hypervisor's steal included. Set against the
+/// server's and the generator's own time, it shows how much of the machine
+/// something else used during a run; the steal alone says how much of it
+/// the host took from the guest, which no process in the guest can see.
 pub struct SystemClock {
-    at: Option<u64>,
+    at: Option<Ticks>,
 }
 
 /// `USER_HZ`: the unit of `/proc/stat`, fixed at 100 by the kernel ABI.
 const USER_HZ: f64 = 100.0;
 
+/// The machine's busy and stolen CPU time, in `USER_HZ` ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ticks {
+    busy: u64,
+    steal: u64,
+}
+
+/// Cores on average over a window: everything busy, and of it the steal.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemUsed {
+    pub busy: f64,
+    pub steal: f64,
+}
+
 impl SystemClock {
     /// Reads it now.
     pub fn now() -> Self {
-        Self { at: busy_ticks() }
+        Self { at: ticks() }
     }
 
-    /// Busy cores on average since this reading, over `seconds`.
-    pub fn cores_since(&self, seconds: f64) -> Option<f64> {
+    /// Busy and stolen cores on average since this reading, over `seconds`.
+    pub fn used_since(&self, seconds: f64) -> Option<SystemUsed> {
         let before = self.at?;
-        let after = busy_ticks()?;
-        Some(after.saturating_sub(before) as f64 / USER_HZ / seconds)
+        let after = ticks()?;
+        let cores = |ticks: u64| ticks as f64 / USER_HZ / seconds;
+        Some(SystemUsed {
+            busy: cores(after.busy.saturating_sub(before.busy)),
+            steal: cores(after.steal.saturating_sub(before.steal)),
+        })
     }
 }
 
-fn busy_ticks() -> Option<u64> {
+fn ticks() -> Option<Ticks> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    parse_cpu_line(stat.lines().find(|l| l.starts_with("cpu "))?)
+}
+
+/// The aggregate `cpu` line: user nice system idle iowait irq softirq steal
+/// [guest guest_nice], guest time being already counted in user.
+fn parse_cpu_line(line: &str) -> Option<Ticks> {
     let fields: Vec<u64> = line
         .split_whitespace()
         .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal [guest guest_nice],
-    // guest time being already counted in user.
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3)? + fields.get(4)?;
-    Some(total - idle)
+    Some(Ticks {
+        busy: total - idle,
+        steal: fields.get(7).copied().unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_time_counts_the_steal_and_the_steal_is_read_apart() {
+        let line = "cpu  274050 1863 36475 128641 3741 0 11971 13045 0 0";
+        assert_eq!(
+            parse_cpu_line(line),
+            Some(Ticks {
+                busy: 274_050 + 1_863 + 36_475 + 11_971 + 13_045,
+                steal: 13_045,
+            })
+        );
+    }
+
+    #[test]
+    fn a_kernel_without_the_steal_field_reads_none_stolen() {
+        // Before Linux 2.6.11 the line ended at softirq.
+        assert_eq!(
+            parse_cpu_line("cpu  100 0 50 1000 10 0 5"),
+            Some(Ticks {
+                busy: 155,
+                steal: 0
+            })
+        );
+    }
+
+    #[test]
+    fn a_line_that_is_not_numbers_is_not_read() {
+        assert_eq!(parse_cpu_line("cpu  100 x 50 1000 10"), None);
+        assert_eq!(parse_cpu_line("cpu  100 0 50"), None);
+    }
 }

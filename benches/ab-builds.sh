@@ -3,9 +3,10 @@
 # and build B (A/B/A/B...), each on a fresh data directory, one closed-loop
 # window each, and prints a line a window: throughput, server CPU a
 # request, how busy the server was, p99, decisions an fsync (from the
-# server's `group commit totals` line), the server's peak RSS (VmHWM) and
-# the CPU a request of each server thread. Used for the A/B comparisons in
-# docs/benchmarks-log.md ("Findings").
+# server's `group commit totals` line), the server's peak RSS (VmHWM), the
+# CPU a request of each server thread, and the cores the hypervisor stole
+# from the guest meanwhile (a window with much steal is not comparable).
+# Used for the A/B comparisons in docs/benchmarks-log.md ("Findings").
 #
 #   benches/ab-builds.sh SERVER_A SERVER_B [SERVER_C ...] [server flags...]
 #
@@ -88,7 +89,8 @@ per_fsync = f"{int(m.group(2)) / max(1, int(m.group(1))):6.1f}" if m else "   n/
 threads = " ".join(f"{k}={v:.1f}" for k, v in sorted(report.get("server_thread_cpu_us_per_request", {}).items()))
 print(f"{server:<44} {report['throughput_rps']:>8.0f} req/s {report['server_cpu_us_per_request']:>6.1f} us/req "
       f"busy {report.get('server_cpu_cores', 0):.2f} p99 {report['latency_us']['p99']:>6} us "
-      f"decisions/fsync {per_fsync} peak RSS {hwm_mib:.0f} MiB  {threads}")
+      f"decisions/fsync {per_fsync} peak RSS {hwm_mib:.0f} MiB  {threads}"
+      f"  steal {report.get('steal_cores') or 0.0:.2f}")
 PY
     rm -rf "$DATA" "$DATA.log" "$DATA.json"; DATA=""
   done

@@ -188,9 +188,9 @@ PROGRESS_PY=$(cat <<'PY'
 import json, sys
 r = json.load(sys.stdin)
 cpu = lambda k: r.get(k) or 0.0
-print("{:,.0f} req/s, p50 {} us, p99 {} us, errors {}; cores: server {:.2f}, generator {:.2f}, other {:.2f}".format(
+print("{:,.0f} req/s, p50 {} us, p99 {} us, errors {}; cores: server {:.2f}, generator {:.2f}, other {:.2f} (steal {:.2f})".format(
     r["throughput_rps"], r["latency_us"]["p50"], r["latency_us"]["p99"], r["errors"],
-    cpu("server_cpu_cores"), cpu("client_cpu_cores"), cpu("other_busy_cores")))
+    cpu("server_cpu_cores"), cpu("client_cpu_cores"), cpu("other_busy_cores"), cpu("steal_cores")))
 PY
 )
 

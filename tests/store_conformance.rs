@@ -69,29 +69,38 @@ fn next_failure(prev: &ActivityRecord) -> ActivityRecord {
 
 /// Runs every check against a store; `open` opens the same storage again
 /// (after the previous handle is dropped) to check durability.
+/// `load`, and `load_now` where the store reads at once: the two agree.
+async fn loaded<S: Store>(store: &S, k: &ActivityKey) -> Option<ActivityRecord> {
+    let loaded = store.load(k).await.unwrap();
+    if let Some(now) = store.load_now(k) {
+        assert_eq!(now.unwrap(), loaded, "load_now disagrees with load: {k:?}");
+    }
+    loaded
+}
+
 pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     let store = open();
     let a = key("t1", "a");
-    assert_eq!(store.load(&a).await.unwrap(), None, "missing is None");
+    assert_eq!(loaded(&store, &a).await, None, "missing is None");
     assert_eq!(store.count().await.unwrap(), 0);
 
     // Save, load, update.
     let first = record(&a, ErrorClass::Transient, 60);
     store.save(first.clone(), None).await.unwrap();
-    assert_eq!(store.load(&a).await.unwrap().as_ref(), Some(&first));
+    assert_eq!(loaded(&store, &a).await.as_ref(), Some(&first));
     let closed = record_success(first.clone(), Some(NOW + 5), NOW + 10).expect("open");
     store
         .save(closed.clone(), Some(Replaced::of(&first)))
         .await
         .unwrap();
-    assert_eq!(store.load(&a).await.unwrap().as_ref(), Some(&closed));
+    assert_eq!(loaded(&store, &a).await.as_ref(), Some(&closed));
     assert_eq!(store.count().await.unwrap(), 1);
 
     // Tenants are part of the key; odd ids round-trip.
     for k in [key("t2", "a"), key("t1", "航班:1 🚀"), key("t1", "a:b")] {
         let r = record(&k, ErrorClass::Transient, 60);
         store.save(r.clone(), None).await.unwrap();
-        assert_eq!(store.load(&k).await.unwrap(), Some(r));
+        assert_eq!(loaded(&store, &k).await, Some(r));
     }
     assert_eq!(store.count().await.unwrap(), 4);
 
@@ -116,7 +125,7 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     drop(store);
     let store = open();
     assert_eq!(store.count().await.unwrap(), 204);
-    assert_eq!(store.load(&a).await.unwrap(), Some(closed.clone()));
+    assert_eq!(loaded(&store, &a).await, Some(closed.clone()));
 
     // Purge: by purgeable time, never a parked activity, and an update
     // moves the record's place in the purge order.
@@ -131,18 +140,18 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
         "cutoff is exclusive"
     );
     assert_eq!(store.purge(NOW + 11, 1000).await.unwrap(), 1);
-    assert_eq!(store.load(&a).await.unwrap(), None);
+    assert_eq!(loaded(&store, &a).await, None);
     // A purged activity leaves nothing behind: the same key starts afresh.
     let again = record(&a, ErrorClass::Transient, 0);
     store.save(again.clone(), None).await.unwrap();
-    assert_eq!(store.load(&a).await.unwrap(), Some(again.clone()));
+    assert_eq!(loaded(&store, &a).await, Some(again.clone()));
     assert_eq!(
         store.purge(NOW + 11, 1000).await.unwrap(),
         1,
         "deadline 0: expired"
     );
     let b = key("t2", "a");
-    let b_open = store.load(&b).await.unwrap().unwrap();
+    let b_open = loaded(&store, &b).await.unwrap();
     let b_closed = record_success(b_open.clone(), None, NOW + 4_000_000).unwrap();
     store
         .save(b_closed.clone(), Some(Replaced::of(&b_open)))
@@ -150,12 +159,12 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
         .unwrap();
     // Two expire at NOW + 60 s (b no longer does: it closed later).
     assert_eq!(store.purge(NOW + 60_001, 1000).await.unwrap(), 2);
-    assert!(store.load(&b).await.unwrap().is_some());
+    assert!(loaded(&store, &b).await.is_some());
     // A limit bounds one purge.
     assert_eq!(store.purge(NOW + 3_600_001, 150).await.unwrap(), 150);
     assert_eq!(store.purge(NOW + 3_600_001, 150).await.unwrap(), 50);
     assert_eq!(store.purge(i64::MAX, 1000).await.unwrap(), 1, "b, closed");
-    assert_eq!(store.load(&parked_key).await.unwrap(), Some(parked));
+    assert_eq!(loaded(&store, &parked_key).await, Some(parked));
     assert_eq!(
         store.count().await.unwrap(),
         1,
@@ -186,9 +195,9 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
         0,
         "neither the first version's deadline nor the second's close purges it"
     );
-    assert_eq!(store.load(&c).await.unwrap(), Some(later_c));
+    assert_eq!(loaded(&store, &c).await, Some(later_c));
     assert_eq!(store.purge(NOW + 5_000_001, 1000).await.unwrap(), 1);
-    assert_eq!(store.load(&c).await.unwrap(), None);
+    assert_eq!(loaded(&store, &c).await, None);
 }
 
 #[tokio::test]
@@ -359,7 +368,7 @@ async fn redb_a_closed_store_leaves_no_journal_behind() {
         Vec::<std::path::PathBuf>::new()
     );
     let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    assert_eq!(store.load(&k).await.unwrap(), Some(r));
+    assert_eq!(loaded(&store, &k).await, Some(r));
 }
 
 /// A checkpointed segment is recycled: the next segment writes over it, and
@@ -481,7 +490,7 @@ async fn redb_a_spare_left_by_an_earlier_run_is_not_recycled() {
         // writer moves on to generation 2, and the run ends before it
         // writes anything there.
         let store = open_to_crash(dir.path());
-        assert_eq!(store.load(&k).await.unwrap().as_ref(), Some(&v2));
+        assert_eq!(loaded(&store, &k).await.as_ref(), Some(&v2));
         store
             .save(v3.clone(), Some(Replaced::of(&v2)))
             .await
@@ -489,5 +498,5 @@ async fn redb_a_spare_left_by_an_earlier_run_is_not_recycled() {
         store.checkpoint().await.unwrap();
     }
     let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    assert_eq!(store.load(&k).await.unwrap().as_ref(), Some(&v3));
+    assert_eq!(loaded(&store, &k).await.as_ref(), Some(&v3));
 }

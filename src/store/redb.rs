@@ -56,6 +56,7 @@
 
 mod writer;
 
+use std::future::ready;
 use std::hash::BuildHasher;
 use std::mem;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::Either;
 use hashbrown::{HashTable, hash_table};
 use redb::{
     Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata,
@@ -422,8 +425,10 @@ impl RedbStore {
     }
 }
 
-impl Store for RedbStore {
-    async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
+impl RedbStore {
+    /// The record of `key`: the overlay's version if a save of it is not yet
+    /// checkpointed, else redb's. Never waits on the writer.
+    fn read(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
         let pending = self
             .shared
             .overlay()
@@ -445,11 +450,13 @@ impl Store for RedbStore {
             .map_err(|e| corrupt(key, e))
     }
 
-    async fn save(
+    /// Hands a save to the journal writer; the receiver answers once it is
+    /// durable.
+    fn submit(
         &self,
         record: ActivityRecord,
         replaces: Option<Replaced>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<oneshot::Receiver<Result<(), String>>, StoreError> {
         let entry =
             journal::entry(|buf| codec::encode_into(&record, buf)).map_err(StoreError::Backend)?;
         let (done, acked) = oneshot::channel();
@@ -461,10 +468,34 @@ impl Store for RedbStore {
             },
             done,
         }))?;
-        acked
-            .await
-            .map_err(|_| StoreError::Closed)?
-            .map_err(StoreError::Backend)
+        Ok(acked)
+    }
+}
+
+impl Store for RedbStore {
+    async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
+        self.read(key)
+    }
+
+    fn load_now(&self, key: &ActivityKey) -> Option<Result<Option<ActivityRecord>, StoreError>> {
+        Some(self.read(key))
+    }
+
+    /// Encodes the record and hands it to the journal writer in the call;
+    /// the future only waits for the writer's answer.
+    fn save(
+        &self,
+        record: ActivityRecord,
+        replaces: Option<Replaced>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        match self.submit(record, replaces) {
+            Ok(acked) => Either::Left(acked.map(|answer| {
+                answer
+                    .map_err(|_| StoreError::Closed)?
+                    .map_err(StoreError::Backend)
+            })),
+            Err(e) => Either::Right(ready(Err(e))),
+        }
     }
 
     async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {

@@ -10,14 +10,18 @@
 
 mod locks;
 
+use std::future::ready;
 use std::sync::Arc;
+
+use futures_util::FutureExt;
+use futures_util::future::Either;
 
 use crate::budget::activity::{
     self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, Plan, Policy, Report,
     Resolution, Status,
 };
 use crate::store::{Replaced, Store, StoreError};
-use locks::KeyLocks;
+use locks::{KeyGuard, KeyLocks};
 
 /// A ledger operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +99,61 @@ pub enum SuccessOutcome {
 /// A new version of a record, and what it replaces in the store.
 type ToSave = (ActivityRecord, Option<Replaced>);
 
+/// A decision taken under its activity's lock, its record not yet handed
+/// to the store (see [`Ledger::save`]).
+pub struct Unsaved<'a> {
+    guard: KeyGuard<'a>,
+    decided: Decided,
+    save: Option<ToSave>,
+}
+
+/// A decision whose record the store is making durable. The activity's
+/// lock is held until it is dropped.
+#[must_use = "a decision is acknowledged only once durable"]
+pub struct Saving<'a, F> {
+    _guard: KeyGuard<'a>,
+    decided: Decided,
+    durable: Option<F>,
+}
+
+impl<F: Future<Output = Result<(), StoreError>>> Saving<'_, F> {
+    /// The decision at once when it saved nothing (a replay or a dry run),
+    /// else `self` back, to wait with [`Saving::durable`].
+    ///
+    /// # Errors
+    /// `self`, when there is a save to wait for.
+    pub fn now(self) -> Result<Decided, Self> {
+        if self.durable.is_some() {
+            return Err(self);
+        }
+        Ok(self.decided)
+    }
+
+    /// The decision once its record is durable; the lock is let go then.
+    ///
+    /// Not an `async fn`, which would hold `self` twice: the future is the
+    /// save's wait and what it hands back, and nothing else.
+    ///
+    /// # Errors
+    /// [`LedgerError::Store`] when the save failed (nothing acknowledged).
+    pub fn durable(self) -> impl Future<Output = Result<Decided, LedgerError>> {
+        let Saving {
+            _guard: guard,
+            decided,
+            durable,
+        } = self;
+        let wait = match durable {
+            Some(durable) => Either::Left(durable),
+            None => Either::Right(ready(Ok(()))),
+        };
+        wait.map(move |saved| {
+            drop(guard);
+            saved?;
+            Ok(decided)
+        })
+    }
+}
+
 /// Durable activity budgets over a store.
 pub struct Ledger<S> {
     store: S,
@@ -139,44 +198,88 @@ impl<S: Store> Ledger<S> {
         now_ms: i64,
         dry_run: bool,
     ) -> Result<Decided, LedgerError> {
-        let _guard = self.locks.lock(key).await;
+        let guard = self.locks.lock(key).await;
         let previous = self.store.load(key).await?;
         // Decided between the two awaits, in a plain function, so that this
-        // future holds across the save only the record being saved and the
-        // answer: a durable NextAction's state in flight is 1,640 bytes
-        // instead of 2,832 with the decision written inline.
-        let (decided, save) = self.decide(previous, key, report, gate, now_ms, dry_run)?;
-        if let Some((record, replaces)) = save {
-            self.store.save(record, replaces).await?;
+        // future holds across the save only the decision and the save's wait.
+        let unsaved = self.decide(guard, previous, key, report, gate, now_ms, dry_run)?;
+        self.save(unsaved).durable().await
+    }
+
+    /// [`Ledger::report`]'s decision taken in this call, when the activity's
+    /// lock is free and the store reads without waiting (see
+    /// [`Store::load_now`]); `None`, with `gate` unused, when either would
+    /// wait. The decision is then saved with [`Ledger::save`], and is
+    /// acknowledged only once durable, as with `report`.
+    ///
+    /// This is how a decision usually runs: whole in the call that brought
+    /// its request, so that what stays alive while it waits for its fsync is
+    /// the lock's guard, the answer and the save's wait, not the request.
+    ///
+    /// # Errors
+    /// As [`Ledger::report`], except a store failure of the save, which its
+    /// wait returns.
+    pub fn try_report(
+        &self,
+        key: &ActivityKey,
+        report: &Report<'_>,
+        gate: impl TokenGate,
+        now_ms: i64,
+        dry_run: bool,
+    ) -> Option<Result<Unsaved<'_>, LedgerError>> {
+        let guard = self.locks.try_lock(key)?;
+        let previous = match self.store.load_now(key)? {
+            Ok(previous) => previous,
+            Err(e) => return Some(Err(e.into())),
+        };
+        Some(self.decide(guard, previous, key, report, gate, now_ms, dry_run))
+    }
+
+    /// Hands a decision's record, if it has one, to the store.
+    pub fn save<'a>(
+        &'a self,
+        unsaved: Unsaved<'a>,
+    ) -> Saving<'a, impl Future<Output = Result<(), StoreError>> + Send + use<'a, S>> {
+        let Unsaved {
+            guard,
+            decided,
+            save,
+        } = unsaved;
+        Saving {
+            _guard: guard,
+            decided,
+            durable: save.map(|(record, replaces)| self.store.save(record, replaces)),
         }
-        Ok(decided)
     }
 
     /// The decision on a report against the stored record, and the record
     /// to save for it: none for a replay or a dry run.
-    fn decide(
-        &self,
+    #[allow(clippy::too_many_arguments)]
+    fn decide<'a>(
+        &'a self,
+        guard: KeyGuard<'a>,
         previous: Option<ActivityRecord>,
         key: &ActivityKey,
         report: &Report<'_>,
         gate: impl TokenGate,
         now_ms: i64,
         dry_run: bool,
-    ) -> Result<(Decided, Option<ToSave>), LedgerError> {
+    ) -> Result<Unsaved<'a>, LedgerError> {
         let replaces = previous.as_ref().map(Replaced::of);
         let requested = report.policy.map(|p| p.or_defaults(self.defaults.policy));
         let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
         match activity::plan(previous, key, report, &self.defaults, now_ms)? {
-            Plan::Replay(replay) => Ok((
-                Decided {
+            Plan::Replay(replay) => Ok(Unsaved {
+                guard,
+                decided: Decided {
                     policy_conflict: conflict(&replay.policy),
                     class_conflict: replay.event.class.is_some_and(|c| c != report.class),
                     event: replay.event,
                     policy: replay.policy,
                     replayed: true,
                 },
-                None,
-            )),
+                save: None,
+            }),
             Plan::Fresh(mut draft) => {
                 if draft.wants_token() && !dry_run {
                     match gate.take(now_ms, draft.max_wait_ms(now_ms)) {
@@ -196,7 +299,11 @@ impl<S: Store> Ledger<S> {
                     policy: record.policy,
                     replayed: false,
                 };
-                Ok((decided, (!dry_run).then_some((record, replaces))))
+                Ok(Unsaved {
+                    guard,
+                    decided,
+                    save: (!dry_run).then_some((record, replaces)),
+                })
             }
         }
     }
@@ -279,5 +386,147 @@ impl<S: Store> Ledger<S> {
             }
             .into()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::budget::ErrorClass;
+    use crate::store::{RedbStore, RedbStoreOptions};
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn ledger(dir: &std::path::Path) -> Arc<Ledger<RedbStore>> {
+        let store = RedbStore::open(&RedbStoreOptions::new(dir)).unwrap();
+        let defaults = Defaults {
+            policy: Policy {
+                max_attempts: 5,
+                deadline_seconds: 3600,
+                base: None,
+                cap: None,
+            },
+            max_hint_ms: 600_000,
+        };
+        Arc::new(Ledger::new(store, defaults))
+    }
+
+    fn key(id: &str) -> ActivityKey {
+        ActivityKey {
+            tenant: "t".into(),
+            activity_id: id.into(),
+        }
+    }
+
+    fn failure(attempt: u32) -> Report<'static> {
+        Report {
+            attempt,
+            class: ErrorClass::Transient,
+            rule: None,
+            hints: None,
+            policy: None,
+            occurred_at_ms: Some(NOW),
+            workflow_id: "wf",
+        }
+    }
+
+    /// A decision taken in the call holds the activity's lock until it is
+    /// durable: a second report of the activity cannot be decided in its
+    /// call, waits, and then sees the first one's record.
+    #[tokio::test]
+    async fn a_decision_taken_now_holds_its_lock_until_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger(dir.path());
+        let a = key("a");
+        let unsaved = ledger
+            .try_report(&a, &failure(1), Unlimited, NOW, false)
+            .expect("a free lock and a store that reads at once")
+            .unwrap();
+        let Err(saving) = ledger.save(unsaved).now() else {
+            panic!("a fresh decision has a save to wait for");
+        };
+        assert!(
+            ledger
+                .try_report(&a, &failure(2), Unlimited, NOW, false)
+                .is_none(),
+            "a second decision while the first is not durable"
+        );
+        let second = {
+            let ledger = Arc::clone(&ledger);
+            tokio::spawn(async move {
+                ledger
+                    .report(&key("a"), &failure(2), Unlimited, NOW, false)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "the second report did not wait");
+        let first = saving.durable().await.unwrap();
+        assert_eq!((first.event.attempt, first.replayed), (1, false));
+        let second = second.await.unwrap().unwrap();
+        assert_eq!((second.event.attempt, second.replayed), (2, false));
+        let record = ledger.get(&a).await.unwrap();
+        assert_eq!(record.attempts, 2);
+        assert_eq!(record.events.len(), 2);
+    }
+
+    /// A replay and a dry run save nothing: their decision is final in the
+    /// call, and nothing changes.
+    #[tokio::test]
+    async fn a_replay_and_a_dry_run_are_answered_in_the_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger(dir.path());
+        let a = key("a");
+        let fresh = ledger
+            .report(&a, &failure(1), Unlimited, NOW, false)
+            .await
+            .unwrap();
+        for (attempt, dry_run) in [(1, false), (2, true)] {
+            let unsaved = ledger
+                .try_report(&a, &failure(attempt), Unlimited, NOW, dry_run)
+                .unwrap()
+                .unwrap();
+            let Ok(decided) = ledger.save(unsaved).now() else {
+                panic!("a replay or a dry run has nothing to save");
+            };
+            assert_eq!(decided.replayed, !dry_run);
+        }
+        let record = ledger.get(&a).await.unwrap();
+        assert_eq!(record.attempts, 1);
+        assert_eq!(record.events.len(), 1);
+        assert_eq!(record.events[0], fresh.event);
+        // The lock was let go with each answer.
+        assert!(
+            ledger
+                .try_report(&a, &failure(2), Unlimited, NOW, true)
+                .is_some()
+        );
+    }
+
+    /// A refused report takes no lock it keeps and writes nothing.
+    #[tokio::test]
+    async fn a_refused_report_now_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ledger(dir.path());
+        let a = key("a");
+        ledger
+            .report(&a, &failure(1), Unlimited, NOW, false)
+            .await
+            .unwrap();
+        let refused = ledger
+            .try_report(&a, &failure(3), Unlimited, NOW, false)
+            .unwrap();
+        assert!(
+            matches!(refused, Err(LedgerError::Budget(_))),
+            "attempt 3 after 1"
+        );
+        assert!(
+            ledger
+                .try_report(&a, &failure(2), Unlimited, NOW, true)
+                .is_some()
+        );
+        assert_eq!(ledger.get(&a).await.unwrap().attempts, 1);
     }
 }

@@ -59,30 +59,46 @@ impl KeyLocks {
     }
 
     /// Waits for the lock of `key`; it is held until the guard drops.
-    pub(crate) async fn lock<'a>(&'a self, key: &'a ActivityKey) -> KeyGuard<'a> {
-        let hash = self.hasher.hash_one(key);
-        let lock = {
-            let mut shard = self.shard(hash);
-            match shard.entry(hash, |slot| slot.key == *key, |slot| slot.hash) {
-                Entry::Occupied(slot) => Arc::clone(&slot.get().lock),
-                Entry::Vacant(vacant) => {
-                    let lock = Arc::default();
-                    vacant.insert(Slot {
-                        hash,
-                        key: key.clone(),
-                        lock: Arc::clone(&lock),
-                    });
-                    lock
-                }
-            }
-        };
+    pub(crate) async fn lock(&self, key: &ActivityKey) -> KeyGuard<'_> {
+        let (hash, lock) = self.slot(key);
         let guard = lock.lock_owned().await;
         KeyGuard {
             locks: self,
-            key,
             hash,
             guard: Some(guard),
         }
+    }
+
+    /// The lock of `key` if no one holds or waits for it, without waiting.
+    pub(crate) fn try_lock(&self, key: &ActivityKey) -> Option<KeyGuard<'_>> {
+        let (hash, lock) = self.slot(key);
+        // On failure the slot stays: whoever holds the lock holds a clone
+        // of it too, and removes it when the last one lets go.
+        let guard = lock.try_lock_owned().ok()?;
+        Some(KeyGuard {
+            locks: self,
+            hash,
+            guard: Some(guard),
+        })
+    }
+
+    /// The hash of `key` and its lock, created if the table has none.
+    fn slot(&self, key: &ActivityKey) -> (u64, Arc<AsyncMutex<()>>) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash);
+        let lock = match shard.entry(hash, |slot| slot.key == *key, |slot| slot.hash) {
+            Entry::Occupied(slot) => Arc::clone(&slot.get().lock),
+            Entry::Vacant(vacant) => {
+                let lock = Arc::default();
+                vacant.insert(Slot {
+                    hash,
+                    key: key.clone(),
+                    lock: Arc::clone(&lock),
+                });
+                lock
+            }
+        };
+        (hash, lock)
     }
 
     #[cfg(test)]
@@ -95,10 +111,11 @@ impl KeyLocks {
 }
 
 /// Holds one activity's lock; removes the lock from the table when it was
-/// the last user.
+/// the last user. It finds its slot by the key's hash and the lock's
+/// address, so it does not keep the key: a decision waiting to be durable
+/// holds its guard and not the request it came from.
 pub(crate) struct KeyGuard<'a> {
     locks: &'a KeyLocks,
-    key: &'a ActivityKey,
     hash: u64,
     guard: Option<OwnedMutexGuard<()>>,
 }
@@ -106,11 +123,17 @@ pub(crate) struct KeyGuard<'a> {
 impl Drop for KeyGuard<'_> {
     fn drop(&mut self) {
         let mut shard = self.locks.shard(self.hash);
-        drop(self.guard.take());
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        // The slot is there: it is removed only by the last of its users,
+        // under this shard's lock, and this guard was one of them.
+        let lock = Arc::as_ptr(OwnedMutexGuard::mutex(&guard));
+        drop(guard);
         // With the guard gone, the table holds the only reference unless
         // someone waits for this lock (each waiter holds a clone): then the
         // slot stays for them.
-        if let Ok(slot) = shard.find_entry(self.hash, |slot| slot.key == *self.key)
+        if let Ok(slot) = shard.find_entry(self.hash, |slot| Arc::as_ptr(&slot.lock) == lock)
             && Arc::strong_count(&slot.get().lock) == 1
         {
             slot.remove();
@@ -162,6 +185,30 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(held);
         waiter.await.unwrap();
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn try_lock_takes_a_free_lock_and_never_a_held_or_awaited_one() {
+        let locks = Arc::new(KeyLocks::new());
+        let a = key("a");
+        let held = locks.try_lock(&a).expect("a free lock");
+        assert!(locks.try_lock(&a).is_none(), "a held lock was taken twice");
+        assert!(locks.try_lock(&key("b")).is_some(), "another key is free");
+        assert_eq!(locks.len(), 1, "a failed try leaves only the holder's slot");
+        let waiter = {
+            let locks = Arc::clone(&locks);
+            tokio::spawn(async move {
+                let _g = locks.lock(&key("a")).await;
+                tokio::task::yield_now().await;
+            })
+        };
+        tokio::task::yield_now().await;
+        drop(held);
+        // The lock passed to the waiter: a try cannot jump the queue.
+        assert!(locks.try_lock(&a).is_none(), "a try overtook a waiter");
+        waiter.await.unwrap();
+        assert!(locks.try_lock(&a).is_some());
         assert_eq!(locks.len(), 0);
     }
 

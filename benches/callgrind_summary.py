@@ -30,15 +30,20 @@ CHECKPOINT_THREAD = "checkpoint thread (all of it)"
 # Inclusive costs worth naming: (label, regex on the function name).
 FUNCTIONS = [
     ("handler RetryDelay (ours)", r"RetryBudgetService<S> as .*RetryBudget>::retry_delay::\{\{closure\}\}$"),
-    ("handler NextAction (ours)", r"RetryBudgetService<S> as .*RetryBudget>::next_action::\{\{closure\}\}$"),
+    # Before 2a06a68 the handler was an async_trait method (its body a
+    # closure) and the ledger awaited the lock, the load and the save; since,
+    # NextAction is a plain function that decides in the call (try_report,
+    # load_now, try_lock) and returns the save's wait. Both names count.
+    ("handler NextAction (ours)", r"RetryBudgetService<S> as .*RetryBudget>::next_action(::\{\{closure\}\})?$"),
     ("  budget::delay::retry_delay (sha256)", r"^retry_budget::budget::delay::retry_delay$"),
     ("  budget::action::explain (format!)", r"^retry_budget::budget::action::explain$"),
     ("  grpc::service::pure_next_action", r"^retry_budget::grpc::service::pure_next_action$"),
-    ("  ledger::Ledger::report", r"^retry_budget::ledger::Ledger<S>::report::\{\{closure\}\}$"),
+    ("  ledger::Ledger::report", r"^retry_budget::ledger::Ledger<S>::(report::\{\{closure\}\}|try_report)$"),
+    ("    ledger::Ledger::decide", r"^retry_budget::ledger::Ledger<S>::decide$"),
     ("    budget::activity::plan", r"^retry_budget::budget::activity::plan$"),
-    ("    RedbStore::load", r"RedbStore as retry_budget::store::Store>::load::\{\{closure\}\}$"),
-    ("    RedbStore::save (until acked)", r"RedbStore as retry_budget::store::Store>::save::\{\{closure\}\}$"),
-    ("    ledger::locks (lock + release)", r"^retry_budget::ledger::locks::KeyLocks::lock::\{\{closure\}\}$|^<retry_budget::ledger::locks::KeyGuard as core::ops::drop::Drop>::drop$"),
+    ("    RedbStore::load", r"RedbStore as retry_budget::store::Store>::(load::\{\{closure\}\}|load_now)$"),
+    ("    RedbStore::save (encode, hand-off)", r"RedbStore as retry_budget::store::Store>::save(::\{\{closure\}\})?$"),
+    ("    ledger::locks (lock + release)", r"^retry_budget::ledger::locks::KeyLocks::(lock::\{\{closure\}\}|try_lock)$|^<retry_budget::ledger::locks::KeyGuard as core::ops::drop::Drop>::drop$"),
     ("      record encode (msgpack)", r"^retry_budget::store::codec::encode_into$"),
     ("      store::codec::decode", r"^retry_budget::store::codec::decode$"),
     ("  grpc::convert Decided -> response", r"From<retry_budget::ledger::Decided>"),

@@ -390,7 +390,7 @@ impl<S: Store> Ledger<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
@@ -399,8 +399,11 @@ mod tests {
 
     const NOW: i64 = 1_700_000_000_000;
 
-    fn ledger(dir: &std::path::Path) -> Arc<Ledger<RedbStore>> {
-        let store = RedbStore::open(&RedbStoreOptions::new(dir)).unwrap();
+    /// A ledger over a redb store in a new temporary directory (kept alive
+    /// by the first half), with a policy of 5 attempts in an hour.
+    pub(crate) fn ledger() -> (tempfile::TempDir, Arc<Ledger<RedbStore>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
         let defaults = Defaults {
             policy: Policy {
                 max_attempts: 5,
@@ -410,7 +413,7 @@ mod tests {
             },
             max_hint_ms: 600_000,
         };
-        Arc::new(Ledger::new(store, defaults))
+        (dir, Arc::new(Ledger::new(store, defaults)))
     }
 
     fn key(id: &str) -> ActivityKey {
@@ -437,8 +440,7 @@ mod tests {
     /// call, waits, and then sees the first one's record.
     #[tokio::test]
     async fn a_decision_taken_now_holds_its_lock_until_durable() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger(dir.path());
+        let (_dir, ledger) = ledger();
         let a = key("a");
         let unsaved = ledger
             .try_report(&a, &failure(1), Unlimited, NOW, false)
@@ -476,8 +478,7 @@ mod tests {
     /// call, and nothing changes.
     #[tokio::test]
     async fn a_replay_and_a_dry_run_are_answered_in_the_call() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger(dir.path());
+        let (_dir, ledger) = ledger();
         let a = key("a");
         let fresh = ledger
             .report(&a, &failure(1), Unlimited, NOW, false)
@@ -508,8 +509,7 @@ mod tests {
     /// A refused report takes no lock it keeps and writes nothing.
     #[tokio::test]
     async fn a_refused_report_now_changes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = ledger(dir.path());
+        let (_dir, ledger) = ledger();
         let a = key("a");
         ledger
             .report(&a, &failure(1), Unlimited, NOW, false)

@@ -468,26 +468,13 @@ fn pure_next_action(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::activity::Defaults;
-    use crate::store::{RedbStore, RedbStoreOptions};
 
     /// Every `NextAction` allocates the future it returns. A pure one's
     /// holds only its answer, and a durable one's, once decided, only what
     /// waits for the fsync: not the request, and not a second box.
     #[tokio::test]
     async fn a_next_action_future_holds_its_answer_or_its_wait_and_not_the_request() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-        let defaults = Defaults {
-            policy: Policy {
-                max_attempts: 5,
-                deadline_seconds: 3600,
-                base: None,
-                cap: None,
-            },
-            max_hint_ms: 600_000,
-        };
-        let ledger = Arc::new(Ledger::new(store, defaults));
+        let (_dir, ledger) = crate::ledger::tests::ledger();
         let rules = Arc::new(RuleSet::new(Vec::new()).unwrap());
         let service = RetryBudgetService::new(ledger, Draining::default(), None, rules);
         let request = |budget| {

@@ -202,7 +202,12 @@ impl<S: Store> Ledger<S> {
         let previous = self.store.load(key).await?;
         // Decided between the two awaits, in a plain function, so that this
         // future holds across the save only the decision and the save's wait.
-        let unsaved = self.decide(guard, previous, key, report, gate, now_ms, dry_run)?;
+        let (decided, save) = self.decide(previous, key, report, gate, now_ms, dry_run)?;
+        let unsaved = Unsaved {
+            guard,
+            decided,
+            save,
+        };
         self.save(unsaved).durable().await
     }
 
@@ -232,7 +237,12 @@ impl<S: Store> Ledger<S> {
             Ok(previous) => previous,
             Err(e) => return Some(Err(e.into())),
         };
-        Some(self.decide(guard, previous, key, report, gate, now_ms, dry_run))
+        let decided = self.decide(previous, key, report, gate, now_ms, dry_run);
+        Some(decided.map(|(decided, save)| Unsaved {
+            guard,
+            decided,
+            save,
+        }))
     }
 
     /// Hands a decision's record, if it has one, to the store.
@@ -254,32 +264,29 @@ impl<S: Store> Ledger<S> {
 
     /// The decision on a report against the stored record, and the record
     /// to save for it: none for a replay or a dry run.
-    #[allow(clippy::too_many_arguments)]
-    fn decide<'a>(
-        &'a self,
-        guard: KeyGuard<'a>,
+    fn decide(
+        &self,
         previous: Option<ActivityRecord>,
         key: &ActivityKey,
         report: &Report<'_>,
         gate: impl TokenGate,
         now_ms: i64,
         dry_run: bool,
-    ) -> Result<Unsaved<'a>, LedgerError> {
+    ) -> Result<(Decided, Option<ToSave>), LedgerError> {
         let replaces = previous.as_ref().map(Replaced::of);
         let requested = report.policy.map(|p| p.or_defaults(self.defaults.policy));
         let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
         match activity::plan(previous, key, report, &self.defaults, now_ms)? {
-            Plan::Replay(replay) => Ok(Unsaved {
-                guard,
-                decided: Decided {
+            Plan::Replay(replay) => Ok((
+                Decided {
                     policy_conflict: conflict(&replay.policy),
                     class_conflict: replay.event.class.is_some_and(|c| c != report.class),
                     event: replay.event,
                     policy: replay.policy,
                     replayed: true,
                 },
-                save: None,
-            }),
+                None,
+            )),
             Plan::Fresh(mut draft) => {
                 if draft.wants_token() && !dry_run {
                     match gate.take(now_ms, draft.max_wait_ms(now_ms)) {
@@ -299,11 +306,7 @@ impl<S: Store> Ledger<S> {
                     policy: record.policy,
                     replayed: false,
                 };
-                Ok(Unsaved {
-                    guard,
-                    decided,
-                    save: (!dry_run).then_some((record, replaces)),
-                })
+                Ok((decided, (!dry_run).then_some((record, replaces))))
             }
         }
     }

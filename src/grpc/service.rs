@@ -135,11 +135,11 @@ impl<S: Store> RetryBudgetService<S> {
         })
     }
 
-    /// `NextAction`: the pure form's response, or the durable form's wait.
+    /// `NextAction`: the pure form answered, or the durable form's wait.
     fn next_action_now(
         &self,
         request: Request<pb::NextActionRequest>,
-    ) -> Result<Result<pb::NextActionResponse, Answer<'_>>, Status> {
+    ) -> Result<Answer<'_>, Status> {
         self.draining.check()?;
         let slot = request.extensions().get::<PermitSlot>().cloned();
         // The token layer read and checked the tenant when it gave the
@@ -154,15 +154,12 @@ impl<S: Store> RetryBudgetService<S> {
             }
         };
         let req = request.into_inner();
-        match &req.budget {
-            Some(budget) => self
-                .next_action_pure(tenant, slot.as_ref(), budget, &req)
-                .map(Ok),
-            None => {
-                let tenant = tenant.to_owned();
-                self.next_action_durable(tenant, slot, req).map(Err)
-            }
+        if let Some(budget) = &req.budget {
+            let response = self.next_action_pure(tenant, slot.as_ref(), budget, &req)?;
+            return Ok(Box::pin(ready(Ok(Response::new(response)))));
         }
+        let tenant = tenant.to_owned();
+        self.next_action_durable(tenant, slot, req)
     }
 
     /// `NextAction` with a `budget`: decided on the budget as given,
@@ -317,11 +314,8 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        match self.next_action_now(request) {
-            Ok(Ok(response)) => Box::pin(ready(Ok(Response::new(response)))),
-            Ok(Err(waiting)) => waiting,
-            Err(status) => Box::pin(ready(Err(status))),
-        }
+        self.next_action_now(request)
+            .unwrap_or_else(|status| Box::pin(ready(Err(status))))
     }
 
     async fn record_success(

@@ -113,3 +113,60 @@ async fn unknown_fields_are_skipped() {
         1
     );
 }
+
+/// The codec starts each call's buffers at `BUFFER_SIZE` in either
+/// direction; a larger message grows them. A request with a large unknown
+/// field is decoded, and an activity whose history is several buffers long
+/// comes back whole (the client's generated code uses the same codec).
+#[tokio::test]
+async fn messages_larger_than_the_first_buffer_pass_both_ways() {
+    use retry_budget::grpc::codec::BUFFER_SIZE;
+
+    let server = TestServer::start().await;
+    let mut body = report("codec-3", 1, pb::ErrorClass::Transient).encode_to_vec();
+    // Field 100, a string of 5 * BUFFER_SIZE bytes: not in the schema.
+    let padding = 5 * BUFFER_SIZE;
+    body.extend_from_slice(&[0xa2, 0x06]);
+    prost::encoding::encode_varint(padding as u64, &mut body);
+    body.resize(body.len() + padding, b'p');
+    assert!(body.len() > 5 * BUFFER_SIZE);
+    let response = next_action_raw(&server, body).await.expect("decoded");
+    assert_eq!(response.code, "schedule_retry");
+
+    let mut client = server.client().await;
+    let attempts = 40;
+    let mut occurred_at = common::ts(1_700_000_000_000);
+    for attempt in 1..=attempts {
+        let response = client
+            .next_action(pb::NextActionRequest {
+                policy: Some(pb::Policy {
+                    max_attempts: 1000,
+                    deadline_seconds: 10 * 365 * 24 * 3600,
+                    base: None,
+                    cap: None,
+                }),
+                occurred_at: Some(occurred_at),
+                ..report("codec-4", attempt, pb::ErrorClass::Transient)
+            })
+            .await
+            .expect("a retry")
+            .into_inner();
+        assert_eq!(response.code, "schedule_retry", "attempt {attempt}");
+        occurred_at = response.not_before.expect("a retry has its time");
+    }
+    let activity = common::get(&mut client, "codec-4").await;
+    assert!(
+        activity.encoded_len() > 4 * BUFFER_SIZE,
+        "the response is {} bytes",
+        activity.encoded_len()
+    );
+    assert_eq!(activity.attempts, attempts);
+    assert_eq!(
+        activity
+            .events
+            .iter()
+            .map(|event| event.attempt)
+            .collect::<Vec<_>>(),
+        (1..=attempts).collect::<Vec<_>>()
+    );
+}

@@ -6,9 +6,19 @@
 //! field: each varint asks for the chunk and advances the `BytesMut` under
 //! it. The message's bytes are always contiguous there, so this codec gives
 //! prost the slice instead (a `&[u8]` is a `Buf` whose reads inline), and
-//! advances the buffer once. Encoding is tonic-prost's, untouched. Malformed
-//! messages are refused as tonic-prost refuses them (`INTERNAL`, with
-//! prost's reason).
+//! advances the buffer once. Encoding is tonic-prost's. Malformed messages
+//! are refused as tonic-prost refuses them (`INTERNAL`, with prost's
+//! reason).
+//!
+//! Both directions start from a buffer of [`BUFFER_SIZE`] instead of
+//! tonic's 8 KiB. tonic allocates one a call for the request and one for
+//! the response, and grows either in steps of its starting size when a
+//! message needs more. This API's messages are mostly under a few hundred
+//! bytes, so the 8 KiB buffers only spread each call's bytes over more
+//! memory: a durable decision's response buffer stays allocated until h2
+//! has written it, a group's worth (about 65 at 128 streams) at once after
+//! each fsync. With 1 KiB a call allocates 9 KiB instead of 23.5 (valgrind's
+//! DHAT, pure NextAction; see docs/benchmarks-log.md).
 
 use std::marker::PhantomData;
 
@@ -17,6 +27,22 @@ use prost::bytes::Buf;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstEncoder;
+
+/// The buffer each call starts with, in either direction. Encoded, the
+/// benchmark's `NextActionRequest` is 53 bytes and its answer 131; one with
+/// a server's error details and a workflow id, a few hundred. 1 KiB holds
+/// them with room to spare and is the largest size mimalloc serves from its
+/// fast path. A larger message (an activity's whole history from
+/// `GetActivity`) grows the buffer in steps of this size.
+pub const BUFFER_SIZE: usize = 1024;
+
+/// tonic's threshold for a streaming response's batch of messages (its
+/// default; no RPC of this API streams).
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
+}
 
 /// The codec the generated service and client use (see `build.rs`).
 #[derive(Debug, Clone)]
@@ -39,7 +65,7 @@ where
     type Decoder = SliceDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::new(BufferSettings::default())
+        ProstEncoder::new(buffer_settings())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -67,5 +93,9 @@ impl<U: Message + Default> Decoder for SliceDecoder<U> {
         };
         item.map(Some)
             .map_err(|error| Status::internal(error.to_string()))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
     }
 }

@@ -12,6 +12,9 @@ use tracing_subscriber::EnvFilter;
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small buffers, often on different threads (a record built on a
 /// runtime worker is dropped by the checkpoint thread). See BENCHMARKS.md.
+/// The `system-allocator` feature leaves it out, for tools that see only
+/// `malloc` (valgrind's DHAT in `benches/alloc.sh`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

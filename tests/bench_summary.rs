@@ -2,8 +2,9 @@
 //! on: the verdicts of the summary (`benches/summarize.py`), the split of
 //! an I/O trace (`benches/io_trace.py`), that of a flame graph's folded
 //! stacks (`benches/flame_split.py`), the reading of callgrind's dumps with
-//! their simulated cache misses (`benches/callgrind_summary.py`) and the
-//! table of every target across runs (`benches/across.py`). Their Python
+//! their simulated cache misses (`benches/callgrind_summary.py`), the
+//! allocations a request from two DHAT profiles (`benches/dhat_summary.py`)
+//! and the table of every target across runs (`benches/across.py`). Their Python
 //! tests run here so that `cargo test` runs every test of the project.
 //! Without `python3` each test says it was skipped, and fails under
 //! `CI=true`.
@@ -55,4 +56,9 @@ fn callgrind_dumps_and_cache_misses() {
 #[test]
 fn targets_across_runs() {
     python_tests("test_across.py");
+}
+
+#[test]
+fn dhat_profiles_per_request() {
+    python_tests("test_dhat_summary.py");
 }

@@ -43,7 +43,12 @@ def shorten_generics(name):
     """Generic arguments past the first level shown as `<..>`: tonic's and
     tower's types nest a dozen deep."""
     out, depth = [], 0
-    for ch in name:
+    for i, ch in enumerate(name):
+        if ch == ">" and name[i - 1 : i] == "-":
+            # The arrow of a function type, `fn(A) -> B`: not a bracket.
+            if depth < 2:
+                out.append(ch)
+            continue
         if ch == "<":
             depth += 1
             if depth == 2:

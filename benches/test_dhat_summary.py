@@ -65,6 +65,13 @@ class SiteNames(unittest.TestCase):
             ),
         )
 
+    def test_a_function_types_arrow_is_not_a_bracket(self):
+        self.assertEqual(
+            dhat_summary.shorten_generics("new<a::MapErr<b::C<d::E>, fn(f::G) -> h::I>, j::K>"),
+            "new<a::MapErr<..>, j::K>",
+        )
+        self.assertEqual(dhat_summary.shorten_generics("call<fn(u8) -> u16>"), "call<fn(u8) -> u16>")
+
     def test_a_stack_of_allocation_frames_keeps_its_last(self):
         self.assertEqual(dhat_summary.site([FRAMES[1], FRAMES[2]]), ("alloc (alloc.rs:95)",))
 

@@ -60,18 +60,94 @@ async fn every_scenario_runs_without_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_h2_client_runs_its_scenarios_without_errors() {
+    let server = TestServer::start().await;
+    for scenario in ["health", "retry-delay", "pure-next-action"] {
+        let report = loadgen(&server, &["--scenario", scenario, "--client", "h2"]).await;
+        assert_eq!(report["client"], "h2");
+        assert_eq!(report["errors"], 0, "{scenario}: {report}");
+        assert!(
+            report["requests"].as_u64() > Some(0),
+            "{scenario}: {report}"
+        );
+    }
+    server.stop().await.expect("clean stop");
+}
+
+/// Both clients check the answer, not only the call's status: with a
+/// retry-token bucket of one token, pure NextAction answers `DEFERRED`
+/// after the first request, and each client counts those answers under the
+/// same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_clients_count_a_wrong_answer_the_same_way() {
+    let server = TestServer::start_with(|config| {
+        config.bucket.rate = 1.0;
+        config.bucket.burst = 1;
+    })
+    .await;
+    for client in ["tonic", "h2"] {
+        let report = loadgen(
+            &server,
+            &["--scenario", "pure-next-action", "--client", client],
+        )
+        .await;
+        let deferred = report["error_codes"]["unexpected_action"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(deferred > 0, "{client}: {report}");
+        assert_eq!(
+            report["errors"].as_u64(),
+            Some(deferred),
+            "{client}: {report}"
+        );
+    }
+    server.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn the_h2_client_refuses_a_durable_scenario() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
+        .args([
+            "--target",
+            "http://127.0.0.1:9",
+            "--scenario",
+            "durable-next-action",
+            "--client",
+            "h2",
+        ])
+        .output()
+        .await
+        .expect("run retry-budget-loadgen");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("invalid arguments"), "{stderr}");
+    assert!(stderr.contains("pure-next-action"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_loop_sends_at_its_rate() {
     let server = TestServer::start().await;
-    let report = loadgen(
-        &server,
-        &["--scenario", "health", "--mode", "open", "--rate", "2000"],
-    )
-    .await;
-    assert_eq!(report["errors"], 0, "{report}");
-    // 2,000 a second over the 0.5 s window.
-    let due = report["requests_due"].as_u64().expect("requests_due");
-    assert!((990..=1010).contains(&due), "{report}");
-    assert!(report["pacer_lag_us"]["p99"].is_u64(), "{report}");
+    for client in ["tonic", "h2"] {
+        let report = loadgen(
+            &server,
+            &[
+                "--scenario",
+                "health",
+                "--mode",
+                "open",
+                "--rate",
+                "2000",
+                "--client",
+                client,
+            ],
+        )
+        .await;
+        assert_eq!(report["errors"], 0, "{client}: {report}");
+        // 2,000 a second over the 0.5 s window.
+        let due = report["requests_due"].as_u64().expect("requests_due");
+        assert!((990..=1010).contains(&due), "{client}: {report}");
+        assert!(report["pacer_lag_us"]["p99"].is_u64(), "{client}: {report}");
+    }
     server.stop().await.expect("clean stop");
 }
 

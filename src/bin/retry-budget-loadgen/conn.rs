@@ -24,7 +24,23 @@ use tonic::body::Body;
 
 /// The `user-agent` a tonic `Channel` sends, so that the server parses the
 /// same headers as from any tonic client.
-const USER_AGENT: &str = "tonic/0.14";
+pub const USER_AGENT: &str = "tonic/0.14";
+
+/// The authority of an `http://host:port` target.
+///
+/// # Errors
+/// What is wrong with the target.
+pub fn http_authority(target: &str) -> Result<Authority, String> {
+    let uri: Uri = target
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+    if uri.scheme() != Some(&Scheme::HTTP) {
+        return Err("only http:// targets are supported".into());
+    }
+    uri.authority()
+        .cloned()
+        .ok_or_else(|| "no host:port".to_owned())
+}
 
 /// A cloneable handle on one HTTP/2 connection; its clones share it.
 #[derive(Clone)]
@@ -40,16 +56,7 @@ impl Conn {
     /// # Errors
     /// What is wrong with the target, or why connecting failed.
     pub async fn connect(target: &str) -> Result<Self, String> {
-        let uri: Uri = target
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| e.to_string())?;
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            return Err("only http:// targets are supported".into());
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| "no host:port".to_owned())?;
+        let authority = http_authority(target)?;
         let port = authority.port_u16().unwrap_or(80);
         let stream = TcpStream::connect((authority.host(), port))
             .await

@@ -22,6 +22,16 @@
 //! Only requests that start after `--warmup` and finish within
 //! `--duration` after it are counted.
 //!
+//! # Clients
+//! - `--client tonic` (the default): tonic's generated clients on hyper, as a
+//!   worker would call the service.
+//! - `--client h2`: each scenario's one request encoded once and sent over
+//!   the `h2` crate, the answer decoded and checked as the tonic client
+//!   does; the server receives the same request. It costs the generator
+//!   about 40% less a request, and the open loop of `benches/run.sh` uses
+//!   it so that the generator keeps its schedule. Not for the durable
+//!   scenario, whose requests differ each time.
+//!
 //! # Scenarios
 //! - `health`: `grpc.health.v1.Health/Check`, the no-op baseline through the
 //!   same stack.
@@ -42,6 +52,7 @@
 //!
 //! # Layout
 //! - `scenario`: what one request of each scenario is, and its check.
+//! - `conn`: the tonic clients' HTTP/2 connection; `raw`: the h2 client.
 //! - `drive`: the closed and open loops and what they count.
 //! - `preload`: activities stored before a run.
 //! - `probe`: fsync latency and CPU time from `/proc`.
@@ -51,6 +62,7 @@ mod conn;
 mod drive;
 mod preload;
 mod probe;
+mod raw;
 mod scenario;
 
 use std::path::PathBuf;
@@ -61,7 +73,8 @@ use clap::{Parser, ValueEnum};
 use conn::Conn;
 use serde_json::{Value, json};
 
-use crate::scenario::{Kind, VirtualClient};
+use crate::raw::{Prepared, RawClient, RawConn};
+use crate::scenario::{Kind, TonicClients, Transport, VirtualClient};
 
 /// mimalloc, as in the server: the generator allocates for every request;
 /// the system allocator took about 7% of its time in the open loop (perf),
@@ -98,6 +111,12 @@ struct Args {
     /// Requests a second in all, for the open loop.
     #[arg(long)]
     rate: Option<f64>,
+    /// How requests are sent: tonic's generated clients, or each
+    /// scenario's one request prepared once and sent over the h2 crate
+    /// (health, retry-delay and pure-next-action only), which costs the
+    /// generator less a request.
+    #[arg(long, value_enum, default_value_t = Client::Tonic)]
+    client: Client,
     /// Durable scenario: the attempts each activity is walked through.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     attempts: u32,
@@ -145,6 +164,13 @@ enum Scenario {
 enum Mode {
     Closed,
     Open,
+}
+
+/// How requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Client {
+    Tonic,
+    H2,
 }
 
 /// The load generator failed.
@@ -225,19 +251,16 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
             "--concurrency and --connections must be at least 1".into(),
         ));
     }
-    let channels = connect(args).await?;
     let run_id = args
         .run_id
         .clone()
         .unwrap_or_else(|| format!("{:x}", unix_millis()));
-    let clients: Vec<VirtualClient> = (0..args.concurrency)
-        .map(|i| {
-            VirtualClient::new(
-                kind,
-                channels[i % channels.len()].clone(),
-                &args.tenant,
-                &format!("b{run_id}-{i}-"),
-            )
+    let transports = transports(args, kind).await?;
+    let clients: Vec<VirtualClient> = transports
+        .into_iter()
+        .enumerate()
+        .map(|(i, transport)| {
+            VirtualClient::new(kind, transport, &args.tenant, &format!("b{run_id}-{i}-"))
         })
         .collect();
     let timing = drive::Timing {
@@ -266,6 +289,11 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
         "closed"
     });
     report["target"] = json!(args.target);
+    report["client"] = json!(if args.client == Client::H2 {
+        "h2"
+    } else {
+        "tonic"
+    });
     report["connections"] = json!(args.connections);
     report["concurrency"] = json!(args.concurrency);
     report["warmup_s"] = json!(args.warmup.as_secs_f64());
@@ -275,6 +303,35 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
     }
     tally.write_into(&mut report);
     Ok(report)
+}
+
+/// A transport for each of `--concurrency` virtual clients, spread over
+/// `--connections` connections.
+async fn transports(args: &Args, kind: Kind) -> Result<Vec<Transport>, LoadgenError> {
+    let n = args.concurrency;
+    Ok(match args.client {
+        Client::Tonic => {
+            let conns = connect(args).await?;
+            (0..n)
+                .map(|i| Transport::Tonic(TonicClients::new(conns[i % conns.len()].clone())))
+                .collect()
+        }
+        Client::H2 => {
+            let prepared = Prepared::of(kind).map_err(LoadgenError::Invalid)?;
+            let mut conns = Vec::with_capacity(args.connections);
+            for _ in 0..args.connections {
+                conns.push(RawConn::connect(&args.target).await.map_err(|reason| {
+                    LoadgenError::Connect {
+                        target: args.target.clone(),
+                        reason,
+                    }
+                })?);
+            }
+            (0..n)
+                .map(|i| Transport::Raw(RawClient::new(&conns[i % conns.len()], &prepared)))
+                .collect()
+        }
+    })
 }
 
 /// Opens `--connections` HTTP/2 connections, eagerly, so connecting is not

@@ -3,13 +3,15 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::conn::Conn;
+use crate::raw::RawClient;
 use prost_types::Timestamp;
 use retry_budget::grpc::TENANT_HEADER;
 use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
 use tonic::Request;
 use tonic::metadata::MetadataValue;
-use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 /// Attempts the durable policy allows: far more than any run walks, so
 /// every answer is a scheduled retry.
@@ -56,6 +58,72 @@ pub enum Kind {
     },
 }
 
+/// The health scenario's request: the server's overall status.
+pub fn health_request() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
+
+/// A health answer is right when the server is serving.
+///
+/// # Errors
+/// `unexpected_not_serving` otherwise.
+pub fn check_health(response: &HealthCheckResponse) -> Result<(), String> {
+    if response.status != ServingStatus::Serving as i32 {
+        return Err("unexpected_not_serving".into());
+    }
+    Ok(())
+}
+
+/// `RetryDelay("flight-1", 4)`, the body h2load sends too.
+pub fn retry_delay_request() -> pb::RetryDelayRequest {
+    pb::RetryDelayRequest {
+        activity_id: "flight-1".into(),
+        attempt: 4,
+        base: None,
+        cap: None,
+    }
+}
+
+/// The article's `retry_delay("flight-1", 4)` is 11 seconds.
+///
+/// # Errors
+/// `unexpected_delay` for any other delay.
+pub fn check_retry_delay(response: &pb::RetryDelayResponse) -> Result<(), String> {
+    if response.delay_seconds != 11 {
+        return Err("unexpected_delay".into());
+    }
+    Ok(())
+}
+
+/// A pure `NextAction`: a transient failure with two of three attempts
+/// and 25 of 30 seconds left, so a retry is planned.
+pub fn pure_next_action_request() -> pb::NextActionRequest {
+    pb::NextActionRequest {
+        budget: Some(pb::Budget {
+            attempts: 1,
+            max_attempts: 3,
+            elapsed: 5,
+            deadline: 30,
+        }),
+        activity_id: "flight-1".into(),
+        error_class: pb::ErrorClass::Transient as i32,
+        ..Default::default()
+    }
+}
+
+/// The pure `NextAction`'s answer is a scheduled retry.
+///
+/// # Errors
+/// `unexpected_action` for any other action.
+pub fn check_pure_next_action(response: &pb::NextActionResponse) -> Result<(), String> {
+    if response.action != pb::Action::ScheduleRetry as i32 {
+        return Err("unexpected_action".into());
+    }
+    Ok(())
+}
+
 /// Where a virtual client is in its walk of durable activities.
 #[derive(Debug)]
 struct Walk {
@@ -83,20 +151,41 @@ impl Walk {
 /// own request state.
 pub struct VirtualClient {
     kind: Kind,
-    health: HealthClient<Conn>,
-    budget: RetryBudgetClient<Conn>,
+    transport: Transport,
     tenant: MetadataValue<tonic::metadata::Ascii>,
     walk: Walk,
 }
 
-impl VirtualClient {
-    /// A client of `kind` on `channel`; durable activity ids start with
-    /// `prefix`.
-    pub fn new(kind: Kind, channel: Conn, tenant: &str, prefix: &str) -> Self {
+/// How a virtual client sends: tonic's generated clients, or the same
+/// requests prepared once and sent over h2 ([`crate::raw`]).
+pub enum Transport {
+    Tonic(TonicClients),
+    Raw(RawClient),
+}
+
+/// The generated clients on one connection.
+pub struct TonicClients {
+    health: HealthClient<Conn>,
+    budget: RetryBudgetClient<Conn>,
+}
+
+impl TonicClients {
+    /// Both generated clients on `channel`.
+    pub fn new(channel: Conn) -> Self {
         Self {
-            kind,
             health: HealthClient::new(channel.clone()),
             budget: RetryBudgetClient::new(channel),
+        }
+    }
+}
+
+impl VirtualClient {
+    /// A client of `kind` sending through `transport`; durable activity ids
+    /// start with `prefix`.
+    pub fn new(kind: Kind, transport: Transport, tenant: &str, prefix: &str) -> Self {
+        Self {
+            kind,
+            transport,
             tenant: MetadataValue::try_from(tenant)
                 .unwrap_or_else(|_| MetadataValue::from_static("bench")),
             walk: Walk {
@@ -114,90 +203,74 @@ impl VirtualClient {
     /// The gRPC code of a failed call, or `unexpected_*` for an answer that
     /// is not what the scenario expects; used as a key to count errors.
     pub async fn call(&mut self) -> Result<(), String> {
+        let tonic = match &mut self.transport {
+            Transport::Raw(raw) => return raw.call().await,
+            Transport::Tonic(tonic) => tonic,
+        };
         match self.kind {
             Kind::Health => {
-                let request = HealthCheckRequest {
-                    service: String::new(),
-                };
-                let response = self.health.check(request).await.map_err(code)?;
-                if response.get_ref().status
-                    != tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-                {
-                    return Err("unexpected_not_serving".into());
-                }
-                Ok(())
+                let response = tonic.health.check(health_request()).await.map_err(code)?;
+                check_health(response.get_ref())
             }
             Kind::RetryDelay => {
-                let request = pb::RetryDelayRequest {
-                    activity_id: "flight-1".into(),
-                    attempt: 4,
-                    base: None,
-                    cap: None,
-                };
-                let response = self.budget.retry_delay(request).await.map_err(code)?;
-                // The article's retry_delay("flight-1", 4) is 11 seconds.
-                if response.get_ref().delay_seconds != 11 {
-                    return Err("unexpected_delay".into());
-                }
-                Ok(())
+                let response = tonic
+                    .budget
+                    .retry_delay(retry_delay_request())
+                    .await
+                    .map_err(code)?;
+                check_retry_delay(response.get_ref())
             }
             Kind::PureNextAction => {
-                let request = pb::NextActionRequest {
-                    budget: Some(pb::Budget {
-                        attempts: 1,
-                        max_attempts: 3,
-                        elapsed: 5,
-                        deadline: 30,
-                    }),
-                    activity_id: "flight-1".into(),
-                    error_class: pb::ErrorClass::Transient as i32,
-                    ..Default::default()
-                };
-                let response = self.budget.next_action(request).await.map_err(code)?;
-                if response.get_ref().action != pb::Action::ScheduleRetry as i32 {
-                    return Err("unexpected_action".into());
-                }
-                Ok(())
+                let response = tonic
+                    .budget
+                    .next_action(pure_next_action_request())
+                    .await
+                    .map_err(code)?;
+                check_pure_next_action(response.get_ref())
             }
-            Kind::Durable { attempts } => self.durable(attempts).await,
+            Kind::Durable { attempts } => {
+                durable(&mut tonic.budget, &self.tenant, &mut self.walk, attempts).await
+            }
         }
     }
+}
 
-    /// Reports the next failure of the activity being walked.
-    async fn durable(&mut self, attempts: u32) -> Result<(), String> {
-        let walk = &mut self.walk;
-        let mut request = Request::new(durable_report(
-            format!("{}{}", walk.prefix, walk.seq),
-            walk.attempt,
-            walk.occurred_at,
-        ));
-        request
-            .metadata_mut()
-            .insert(TENANT_HEADER, self.tenant.clone());
-        let answer = match self.budget.next_action(request).await {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
-                // Whatever happened to this activity, carry on with a new one.
-                walk.next_activity();
-                return Err(code(status));
-            }
-        };
-        if answer.replayed {
+/// Reports the next failure of the activity being walked.
+async fn durable(
+    budget: &mut RetryBudgetClient<Conn>,
+    tenant: &MetadataValue<tonic::metadata::Ascii>,
+    walk: &mut Walk,
+    attempts: u32,
+) -> Result<(), String> {
+    let mut request = Request::new(durable_report(
+        format!("{}{}", walk.prefix, walk.seq),
+        walk.attempt,
+        walk.occurred_at,
+    ));
+    request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
+    let answer = match budget.next_action(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            // Whatever happened to this activity, carry on with a new one.
             walk.next_activity();
-            return Err("unexpected_replay".into());
+            return Err(code(status));
         }
-        if answer.action != pb::Action::ScheduleRetry as i32 {
-            walk.next_activity();
-            return Err(format!("unexpected_action_{}", answer.code));
-        }
-        if walk.attempt >= attempts {
-            walk.next_activity();
-        } else {
-            walk.attempt += 1;
-            walk.occurred_at = answer.not_before.unwrap_or_else(now);
-        }
-        Ok(())
+    };
+    if answer.replayed {
+        walk.next_activity();
+        return Err("unexpected_replay".into());
     }
+    if answer.action != pb::Action::ScheduleRetry as i32 {
+        walk.next_activity();
+        return Err(format!("unexpected_action_{}", answer.code));
+    }
+    if walk.attempt >= attempts {
+        walk.next_activity();
+    } else {
+        walk.attempt += 1;
+        walk.occurred_at = answer.not_before.unwrap_or_else(now);
+    }
+    Ok(())
 }
 
 /// The name of a failed call's gRPC code, as an error key.

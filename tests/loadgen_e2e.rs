@@ -209,3 +209,121 @@ async fn an_unreachable_target_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+/// What a server saw of one request: everything but the stream id.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    method: http::Method,
+    uri: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// The DATA frames' sizes, the last one ending the stream.
+    frames: Vec<usize>,
+}
+
+/// An HTTP/2 server on loopback that records every request it is sent and
+/// answers each with `RetryDelay`'s 11 seconds.
+async fn recording_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut connection = h2::server::handshake(socket).await.expect("handshake");
+                // Each request on its own task: the connection must be
+                // polled (accept) for a request's body to arrive.
+                while let Some(Ok((request, respond))) = connection.accept().await {
+                    tokio::spawn(answer(request, respond, tx.clone()));
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// Records one request and answers it with `RetryDelay`'s 11 seconds.
+async fn answer(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+    tx: tokio::sync::mpsc::UnboundedSender<Seen>,
+) {
+    use prost::Message;
+    let (parts, mut body) = request.into_parts();
+    let mut seen = Seen {
+        method: parts.method,
+        uri: parts.uri.to_string(),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_owned()))
+            .collect(),
+        body: Vec::new(),
+        frames: Vec::new(),
+    };
+    seen.headers.sort();
+    while let Some(Ok(data)) = body.data().await {
+        let _ = body.flow_control().release_capacity(data.len());
+        seen.frames.push(data.len());
+        seen.body.extend_from_slice(&data);
+    }
+    let _ = tx.send(seen);
+    let answer = common::pb::RetryDelayResponse {
+        delay_seconds: 11,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = vec![0];
+    framed.extend_from_slice(&u32::try_from(answer.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&answer);
+    let response = http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let mut send = respond.send_response(response, false).expect("respond");
+    let _ = send.send_data(framed.into(), false);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let _ = send.send_trailers(trailers);
+}
+
+/// The h2 client's request is the tonic client's, byte for byte: the same
+/// pseudo-headers and headers, the same message, in the same DATA frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_h2_client_sends_what_the_tonic_client_sends() {
+    let (url, mut seen) = recording_server().await;
+    let mut requests = Vec::new();
+    for client in ["tonic", "h2"] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
+            .args([
+                "--target",
+                &url,
+                "--scenario",
+                "retry-delay",
+                "--client",
+                client,
+                "--connections",
+                "1",
+                "--concurrency",
+                "1",
+                "--warmup",
+                "0s",
+                "--duration",
+                "50ms",
+            ])
+            .output()
+            .await
+            .expect("run retry-budget-loadgen");
+        assert!(output.status.success(), "{client}: {output:?}");
+        let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        assert_eq!(report["errors"], 0, "{client}: {report}");
+        requests.push(seen.recv().await.expect("a request"));
+        while seen.try_recv().is_ok() {}
+    }
+    assert_eq!(requests[0].method, http::Method::POST);
+    assert_eq!(requests[0].frames.len(), 2, "{:?}", requests[0]);
+    assert_eq!(requests[0], requests[1]);
+}

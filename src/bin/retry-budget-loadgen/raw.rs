@@ -10,7 +10,9 @@
 //! trailers, with no codec, no tower stack and no hyper body in between.
 //! The server receives the same request as from the tonic client: the same
 //! method, path, scheme, authority, `content-type`, `te` and `user-agent`
-//! headers, and the same message bytes.
+//! headers, the same connection settings (hyper's), and the same
+//! frames: the headers, the message, and an empty frame that ends the
+//! stream (seen in the server's `h2=debug` log for both clients).
 //!
 //! Only the scenarios whose every request is the same can use it (health,
 //! `RetryDelay`, pure `NextAction`); a durable report differs each time.
@@ -25,10 +27,15 @@ use tokio::net::TcpStream;
 use crate::conn::USER_AGENT;
 use crate::scenario::{self, Kind};
 
-/// The receive windows hyper's HTTP/2 client opens with, so that flow
-/// control paces this client as it does the tonic one.
+/// The settings hyper's HTTP/2 client opens a connection with
+/// (`hyper::proto::h2::client`), so that the server sees the same
+/// `SETTINGS` and flow control paces this client as it does the tonic one.
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
+const MAX_FRAME_SIZE: u32 = 16 * 1024;
+const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
+const MAX_SEND_BUFFER_SIZE: usize = 1024 * 1024;
+const INITIAL_MAX_SEND_STREAMS: usize = 100;
 
 /// One HTTP/2 connection; its clones share it.
 #[derive(Clone)]
@@ -51,8 +58,13 @@ impl RawConn {
             .map_err(|e| e.to_string())?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let (send, connection) = h2::client::Builder::new()
+            .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_header_list_size(MAX_HEADER_LIST_SIZE)
+            .max_send_buffer_size(MAX_SEND_BUFFER_SIZE)
+            .max_frame_size(MAX_FRAME_SIZE)
+            .enable_push(false)
             .handshake(stream)
             .await
             .map_err(|e| e.to_string())?;
@@ -182,9 +194,13 @@ impl RawClient {
         *request.uri_mut() = self.uri.clone();
         *request.headers_mut() = self.headers.clone();
         let (response, mut stream) = self.send.send_request(request, false).map_err(transport)?;
+        // The message, then an empty frame that ends the stream: what
+        // hyper sends for a tonic client's body, which does not know it
+        // has ended until polled again.
         stream
-            .send_data(self.body.clone(), true)
+            .send_data(self.body.clone(), false)
             .map_err(transport)?;
+        stream.send_data(Bytes::new(), true).map_err(transport)?;
         let response = response.await.map_err(transport)?;
         if response.status() != StatusCode::OK {
             return Err("Unknown".into());

@@ -30,7 +30,7 @@ pub const USER_AGENT: &str = "tonic/0.14";
 ///
 /// # Errors
 /// What is wrong with the target.
-pub fn http_authority(target: &str) -> Result<Authority, String> {
+fn http_authority(target: &str) -> Result<Authority, String> {
     let uri: Uri = target
         .parse()
         .map_err(|e: http::uri::InvalidUri| e.to_string())?;
@@ -56,23 +56,41 @@ impl Conn {
     /// # Errors
     /// What is wrong with the target, or why connecting failed.
     pub async fn connect(target: &str) -> Result<Self, String> {
-        let authority = http_authority(target)?;
-        let port = authority.port_u16().unwrap_or(80);
-        let stream = TcpStream::connect((authority.host(), port))
-            .await
-            .map_err(|e| e.to_string())?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (stream, authority) = tcp(target).await?;
         let (send, connection) = http2::Builder::new(TokioExecutor::new())
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                eprintln!("retry-budget-loadgen: connection ended: {error}");
-            }
-        });
+        drive(connection);
         Ok(Self { send, authority })
     }
+}
+
+/// A TCP connection to `target` (`http://host:port`) with `TCP_NODELAY`,
+/// and the target's authority.
+///
+/// # Errors
+/// What is wrong with the target, or why connecting failed.
+pub async fn tcp(target: &str) -> Result<(TcpStream, Authority), String> {
+    let authority = http_authority(target)?;
+    let port = authority.port_u16().unwrap_or(80);
+    let stream = TcpStream::connect((authority.host(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    Ok((stream, authority))
+}
+
+/// Drives an HTTP/2 connection on a task of the current runtime, and says
+/// so if it ends with an error.
+pub fn drive<E: std::fmt::Display>(
+    connection: impl Future<Output = Result<(), E>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            eprintln!("retry-budget-loadgen: connection ended: {error}");
+        }
+    });
 }
 
 type ResponseFuture =

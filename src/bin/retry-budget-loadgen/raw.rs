@@ -22,7 +22,6 @@ use h2::client::SendRequest;
 use http::uri::{Authority, Scheme, Uri};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use prost::Message;
-use tokio::net::TcpStream;
 
 use crate::conn::USER_AGENT;
 use crate::scenario::{self, Kind};
@@ -51,12 +50,7 @@ impl RawConn {
     /// # Errors
     /// What is wrong with the target, or why connecting failed.
     pub async fn connect(target: &str) -> Result<Self, String> {
-        let authority = crate::conn::http_authority(target)?;
-        let port = authority.port_u16().unwrap_or(80);
-        let stream = TcpStream::connect((authority.host(), port))
-            .await
-            .map_err(|e| e.to_string())?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (stream, authority) = crate::conn::tcp(target).await?;
         let (send, connection) = h2::client::Builder::new()
             .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .initial_window_size(STREAM_WINDOW)
@@ -68,11 +62,7 @@ impl RawConn {
             .handshake(stream)
             .await
             .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                eprintln!("retry-budget-loadgen: connection ended: {error}");
-            }
-        });
+        crate::conn::drive(connection);
         Ok(Self { send, authority })
     }
 }

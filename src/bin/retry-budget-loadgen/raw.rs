@@ -72,8 +72,11 @@ impl RawConn {
 pub struct Prepared {
     path: &'static str,
     body: Bytes,
-    check: fn(&[u8]) -> Result<(), String>,
+    check: Check,
 }
+
+/// Decodes an answer's message and checks it, as the tonic client does.
+type Check = fn(&[u8]) -> Result<(), String>;
 
 impl Prepared {
     /// The request of `kind`: the message the tonic client sends, framed.
@@ -81,44 +84,35 @@ impl Prepared {
     /// # Errors
     /// For a durable scenario, whose requests differ each time.
     pub fn of(kind: Kind) -> Result<Self, String> {
-        Ok(match kind {
-            Kind::Health => Self {
-                path: "/grpc.health.v1.Health/Check",
-                body: framed(&scenario::health_request()),
-                check: |bytes| {
-                    scenario::check_health(
-                        &tonic_health::pb::HealthCheckResponse::decode(bytes)
-                            .map_err(|_| "unexpected_body")?,
-                    )
-                },
-            },
-            Kind::RetryDelay => Self {
-                path: "/retrybudget.v1.RetryBudget/RetryDelay",
-                body: framed(&scenario::retry_delay_request()),
-                check: |bytes| {
-                    scenario::check_retry_delay(
-                        &retry_budget::grpc::pb::RetryDelayResponse::decode(bytes)
-                            .map_err(|_| "unexpected_body")?,
-                    )
-                },
-            },
-            Kind::PureNextAction => Self {
-                path: "/retrybudget.v1.RetryBudget/NextAction",
-                body: framed(&scenario::pure_next_action_request()),
-                check: |bytes| {
-                    scenario::check_pure_next_action(
-                        &retry_budget::grpc::pb::NextActionResponse::decode(bytes)
-                            .map_err(|_| "unexpected_body")?,
-                    )
-                },
-            },
+        let (path, body, check): (_, _, Check) = match kind {
+            Kind::Health => (
+                "/grpc.health.v1.Health/Check",
+                framed(&scenario::health_request()),
+                |bytes| scenario::check_health(&decode(bytes)?),
+            ),
+            Kind::RetryDelay => (
+                "/retrybudget.v1.RetryBudget/RetryDelay",
+                framed(&scenario::retry_delay_request()),
+                |bytes| scenario::check_retry_delay(&decode(bytes)?),
+            ),
+            Kind::PureNextAction => (
+                "/retrybudget.v1.RetryBudget/NextAction",
+                framed(&scenario::pure_next_action_request()),
+                |bytes| scenario::check_pure_next_action(&decode(bytes)?),
+            ),
             Kind::Durable { .. } => {
                 return Err("--client h2 sends the same request every time: health, \
                      retry-delay or pure-next-action"
                     .into());
             }
-        })
+        };
+        Ok(Self { path, body, check })
     }
+}
+
+/// An answer's message; `unexpected_body` if it is not one.
+fn decode<M: Message + Default>(bytes: &[u8]) -> Result<M, String> {
+    M::decode(bytes).map_err(|_| "unexpected_body".to_owned())
 }
 
 /// A message in gRPC's framing: not compressed, its length, the bytes.
@@ -139,7 +133,7 @@ pub struct RawClient {
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-    check: fn(&[u8]) -> Result<(), String>,
+    check: Check,
     /// The answer's bytes, kept between calls.
     answer: BytesMut,
 }

@@ -25,17 +25,35 @@ async fn loadgen(server: &TestServer, args: &[&str]) -> Value {
         "500ms",
     ];
     all.extend_from_slice(args);
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
-        .args(&all)
-        .output()
-        .await
-        .expect("run retry-budget-loadgen");
+    report(&all).await
+}
+
+/// Runs the generator with `args`, which must succeed, and returns its
+/// report.
+async fn report(args: &[&str]) -> Value {
+    let output = run(args).await;
     assert!(
         output.status.success(),
-        "retry-budget-loadgen {all:?} failed: {}",
+        "retry-budget-loadgen {args:?} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("one JSON object on stdout")
+}
+
+/// Runs the generator with `args`, which must fail, and returns what it
+/// said on stderr.
+async fn refusal(args: &[&str]) -> String {
+    let output = run(args).await;
+    assert!(!output.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn run(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
+        .args(args)
+        .output()
+        .await
+        .expect("run retry-budget-loadgen")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,20 +124,15 @@ async fn both_clients_count_a_wrong_answer_the_same_way() {
 
 #[tokio::test]
 async fn the_h2_client_refuses_a_durable_scenario() {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
-        .args([
-            "--target",
-            "http://127.0.0.1:9",
-            "--scenario",
-            "durable-next-action",
-            "--client",
-            "h2",
-        ])
-        .output()
-        .await
-        .expect("run retry-budget-loadgen");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refusal(&[
+        "--target",
+        "http://127.0.0.1:9",
+        "--scenario",
+        "durable-next-action",
+        "--client",
+        "h2",
+    ])
+    .await;
     assert!(stderr.contains("invalid arguments"), "{stderr}");
     assert!(stderr.contains("pure-next-action"), "{stderr}");
 }
@@ -190,20 +203,15 @@ async fn durable_decisions_are_stored() {
 
 #[tokio::test]
 async fn an_unreachable_target_is_a_clear_error() {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
-        .args([
-            "--target",
-            "http://127.0.0.1:9",
-            "--scenario",
-            "health",
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .await
-        .expect("run retry-budget-loadgen");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refusal(&[
+        "--target",
+        "http://127.0.0.1:9",
+        "--scenario",
+        "health",
+        "--duration",
+        "1s",
+    ])
+    .await;
     assert!(
         stderr.contains("cannot connect to http://127.0.0.1:9"),
         "{stderr}"
@@ -297,28 +305,23 @@ async fn the_h2_client_sends_what_the_tonic_client_sends() {
     let (url, mut seen) = recording_server().await;
     let mut requests = Vec::new();
     for client in ["tonic", "h2"] {
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
-            .args([
-                "--target",
-                &url,
-                "--scenario",
-                "retry-delay",
-                "--client",
-                client,
-                "--connections",
-                "1",
-                "--concurrency",
-                "1",
-                "--warmup",
-                "0s",
-                "--duration",
-                "50ms",
-            ])
-            .output()
-            .await
-            .expect("run retry-budget-loadgen");
-        assert!(output.status.success(), "{client}: {output:?}");
-        let report: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        let report = report(&[
+            "--target",
+            &url,
+            "--scenario",
+            "retry-delay",
+            "--client",
+            client,
+            "--connections",
+            "1",
+            "--concurrency",
+            "1",
+            "--warmup",
+            "0s",
+            "--duration",
+            "50ms",
+        ])
+        .await;
         assert_eq!(report["errors"], 0, "{client}: {report}");
         requests.push(seen.recv().await.expect("a request"));
         while seen.try_recv().is_ok() {}

@@ -11,6 +11,9 @@
 #       with the generator's h2 client (each request prepared once), which
 #       costs it about 40% less a request than the tonic one and so keeps
 #       its schedule where the tonic client fell behind;
+#       and, through each open-loop window, cyclictest's real-time thread
+#       on each core woken every millisecond, whose lateness is how long the
+#       host left that vCPU stalled (skipped if cyclictest is missing);
 #       then h2load on (1), (2) and (3), A/B/C/A/B/C (skipped if h2load is
 #       missing; the issue asks for (1) and (2), (3) comes at no cost);
 #   (4) durable NextAction with group commit vs (5) --max-batch 1, A/B/A/B,
@@ -33,7 +36,7 @@
 # disk), BENCH_WARMUP / BENCH_DURATION / BENCH_REPS / BENCH_OPEN_REPS to override.
 set -euo pipefail
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 
 QUICK=0
 OUT=""
@@ -197,14 +200,44 @@ print("{:,.0f} req/s, p50 {} us, p99 {} us, errors {}; cores: server {:.2f}, gen
 PY
 )
 
+# The host's stalls of each vCPU through a window: cyclictest's real-time
+# thread on CPU 0 and on CPU 1 (SCHED_FIFO 90, preempting the server and the
+# generator for a few microseconds a millisecond), woken every millisecond.
+# Nothing in the guest delays it for long, so a wake-up late by a millisecond
+# or more is a vCPU the hypervisor did not run (an idle machine of the Zen 4
+# kind showed 16 to 22 such wake-ups in 30 s on each core, the longest 2.4 to
+# 18.9 ms). --laptop keeps it from writing 0 to /dev/cpu_dma_latency, which
+# on these VMs (cpuidle's haltpoll) would keep idle vCPUs polling instead of
+# halting for the whole window, and so change what is measured. Its histogram
+# goes to $WORK/stalls; benches/host_stalls.py adds it to the window's record.
+STALL_METER=()
+if [ "$PINNED" = true ] && command -v cyclictest >/dev/null; then
+  STALL_METER=(cyclictest --laptop --quiet --mlockall --priority 90 --threads 2 --affinity 0,1
+    --interval 1000 --histogram 1000)
+fi
+
+stall_meter() { # seconds-before seconds (in the background)
+  sleep "$1"
+  "${STALL_METER[@]}" --duration "$2" >"$WORK/stalls" 2>/dev/null
+}
+
 loadgen() { # label scenario [loadgen flags...]
   local label=$1 scenario=$2
   shift 2
-  local line
+  local line meter=""
+  if [[ " $* " == *" --mode open "* ]] && [ ${#STALL_METER[@]} -gt 0 ]; then
+    rm -f "$WORK/stalls"
+    stall_meter "$WARMUP" "$DURATION" &
+    meter=$!
+  fi
   line=$("${GEN_CPU[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" \
     --connections $CONNECTIONS --concurrency $CONCURRENCY \
     --warmup "${WARMUP}s" --duration "${DURATION}s" \
     --server-pid "$SERVER_PID" --label "$label" --scenario "$scenario" "$@")
+  if [ -n "$meter" ]; then
+    wait "$meter" || log "  cyclictest failed: no stall figures for this window"
+    [ -s "$WORK/stalls" ] && line=$(python3 "$ROOT/benches/host_stalls.py" "$line" "$WORK/stalls")
+  fi
   printf '%s\n' "$line" >>"$OUT"
   log "  $label: $(printf '%s' "$line" | python3 -c "$PROGRESS_PY")"
 }
@@ -272,6 +305,8 @@ for rep in $(seq 1 "$REPS"); do
 done
 HALF_RATE=$(python3 -c "print(round($(max_throughput closed/health) / 2))")
 log "(1)-(3) open loop at $HALF_RATE req/s, half the health saturation rate (x$OPEN_REPS)"
+[ ${#STALL_METER[@]} -gt 0 ] \
+  || log "  no stall meter (needs cyclictest and two CPUs; Debian: apt-get install rt-tests)"
 for rep in $(seq 1 "$OPEN_REPS"); do
   for s in health retry-delay pure-next-action; do
     loadgen "open/$s" "$s" --mode open --rate "$HALF_RATE" --client h2

@@ -3,8 +3,9 @@
 //! an I/O trace (`benches/io_trace.py`), that of a flame graph's folded
 //! stacks (`benches/flame_split.py`), the reading of callgrind's dumps with
 //! their simulated cache misses (`benches/callgrind_summary.py`), the
-//! allocations a request from two DHAT profiles (`benches/dhat_summary.py`)
-//! and the table of every target across runs (`benches/across.py`). Their Python
+//! allocations a request from two DHAT profiles (`benches/dhat_summary.py`),
+//! the table of every target across runs (`benches/across.py`) and the host's
+//! stalls in a window from cyclictest (`benches/host_stalls.py`). Their Python
 //! tests run here so that `cargo test` runs every test of the project.
 //! Without `python3` each test says it was skipped, and fails under
 //! `CI=true`.
@@ -61,4 +62,9 @@ fn targets_across_runs() {
 #[test]
 fn dhat_profiles_per_request() {
     python_tests("test_dhat_summary.py");
+}
+
+#[test]
+fn host_stalls_from_cyclictest() {
+    python_tests("test_host_stalls.py");
 }

@@ -3,11 +3,12 @@
 
 Usage: benches/host_stalls.py LOADGEN_JSON HISTOGRAM_FILE
 
-run.sh runs `cyclictest --threads 2 --affinity 0,1 --interval 1000
+run.sh runs `cyclictest --threads 2 --affinity 0,1 --interval 4000
 --histogram 1000` through each open-loop window: a SCHED_FIFO thread on each
-core, woken every millisecond. Nothing in the guest holds such a thread off
-for long, so a wake-up that comes a millisecond late or more is a vCPU that
-the hypervisor did not run. Prints the loadgen line with `host_stalls`
+core, woken every 4 ms. Nothing in the guest holds such a thread off for
+long, so a wake-up that comes a millisecond late or more is a vCPU that the
+hypervisor did not run (a stall shorter than 4 ms shows only when a wake-up
+falls in it). Prints the loadgen line with `host_stalls`
 added: per core (`cpu0`, the server's, and `cpu1`, the generator's), the
 wake-ups, how many came 100 us and 1 ms late or more, and the latest (us).
 A histogram without its summary lines (cyclictest cut short) adds nothing.

@@ -339,8 +339,8 @@ def main():
     if stalls:
         print()
         print("the host's stalls in the open-loop windows: wake-ups of a real-time thread on each core")
-        print("(cyclictest, every 1 ms) that came 1 ms late or more, and the latest (ms), beside the")
-        print("window's p99 and its generator's own p99 lateness (us):")
+        print("(cyclictest, every 4 ms since run DE, every 1 ms in run DD) that came 1 ms late or more,")
+        print("and the latest (ms), beside the window's p99 and its generator's own p99 lateness (us):")
         print(f"  {'group':<26} {'rep':>3} {'p99':>7} {'pacer':>6}   {'server core':>11} {'latest':>6}"
               f"   {'generator core':>14} {'latest':>6}")
         for label, rep, rec, server, generator in stalls:

@@ -205,14 +205,16 @@ PY
 # the guest delays it for long, so a wake-up late by a millisecond or more is
 # a vCPU that the hypervisor did not run (on an idle machine of the Zen 4
 # kind, such a thread woken every 200 us came 1 ms late 16 and 22 times in
-# 30 s on the two cores, and as late as 18.9 ms in another 30 s). A stall of 4 ms or more always holds a wake-up; a shorter one only
-# when a wake-up falls in it. Every 1 ms, each wake-up preempting the server
-# and the generator, it raised the open loop's p50 from 53 to 78 us (medians
-# of six alternated pairs); every 4 ms, 64 to 67, within the noise, at 0.02
-# of a core. --laptop keeps it from writing 0 to /dev/cpu_dma_latency, which
-# on these VMs (cpuidle's haltpoll) would keep idle vCPUs polling instead of
-# halting for the whole window, and so change what is measured. Its histogram
-# goes to $WORK/stalls; benches/host_stalls.py adds it to the window's record.
+# 30 s on the two cores, and as late as 18.9 ms in another 30 s). A stall of
+# 4 ms or more always holds a wake-up; a shorter one only when a wake-up
+# falls in it. Every 1 ms, each wake-up preempting the server and the
+# generator, it raised the open loop's p50 from 53 to 78 us (medians of six
+# alternated pairs); every 4 ms, 64 to 67, within the noise, at 0.02 of a
+# core. --laptop keeps it from writing 0 to /dev/cpu_dma_latency, which on
+# these VMs (cpuidle's haltpoll) would keep idle vCPUs polling instead of
+# halting for the whole window, and so change what is measured. Its
+# histogram goes to $WORK/stalls; benches/host_stalls.py adds it to the
+# window's record.
 STALL_METER=()
 if [ "$PINNED" = true ] && command -v cyclictest >/dev/null; then
   STALL_METER=(cyclictest --laptop --quiet --mlockall --priority 90 --threads 2 --affinity 0,1

@@ -20,7 +20,8 @@
 #
 # starts the release server on CPU 0 on PORT, its data in DATA, under
 # WRAPPER if given (valgrind ...), its log in LOG, with the retry bucket too
-# large to defer (as in run.sh); sets PID and returns once it serves.
+# large to defer (as in run.sh) and the flags in the array SERVER_ARGS, if
+# set; sets PID and returns once it serves.
 
 bench_options() {
   local help=$1
@@ -62,7 +63,7 @@ bench_serve() {
   local log=$1 port=$2 data=$3
   shift 3
   "${PIN0[@]}" "$@" "$SERVER" --listen "127.0.0.1:$port" --data-dir "$data" --drain-delay 0s \
-    --retry-rate 1000000 --retry-burst 1000000 2>"$log" &
+    --retry-rate 1000000 --retry-burst 1000000 ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"} 2>"$log" &
   PID=$!
   for _ in $(seq 1 300); do
     grep -q 'serving' "$log" && return 0

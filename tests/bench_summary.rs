@@ -4,8 +4,9 @@
 //! stacks (`benches/flame_split.py`), the reading of callgrind's dumps with
 //! their simulated cache misses (`benches/callgrind_summary.py`), the
 //! allocations a request from two DHAT profiles (`benches/dhat_summary.py`),
-//! the table of every target across runs (`benches/across.py`) and the host's
-//! stalls in a window from cyclictest (`benches/host_stalls.py`). Their Python
+//! the table of every target across runs (`benches/across.py`), the host's
+//! stalls in a window from cyclictest (`benches/host_stalls.py`) and the
+//! durable targets' ratios on a slower disk (`benches/slow_disk.py`). Their Python
 //! tests run here so that `cargo test` runs every test of the project.
 //! Without `python3` each test says it was skipped, and fails under
 //! `CI=true`.
@@ -67,4 +68,9 @@ fn dhat_profiles_per_request() {
 #[test]
 fn host_stalls_from_cyclictest() {
     python_tests("test_host_stalls.py");
+}
+
+#[test]
+fn durable_ratios_on_a_slower_disk() {
+    python_tests("test_slow_disk.py");
 }

@@ -67,8 +67,10 @@ def summarize(records):
         throughput = lambda kind: [v["throughput_rps"] for (k, _), v in w.items() if k == kind]  # noqa: E731
         hwm = [v["vm_hwm_kib"] / 1024 for v in s.values() if v.get("vm_hwm_kib")]
         fsync = d["fsync"]
+        streams = sorted({v["concurrency"] for v in w.values() if "concurrency" in v})
         rows.append({
             "delay_us": delay,
+            "streams": streams,
             "flush_p50_us": fsync["overwrite_latency_us"]["p50"] if fsync else None,
             "gc_rps": spread(throughput("gc")),
             "mb1_rps": spread(throughput("mb1")),
@@ -97,8 +99,9 @@ def main(path):
     rows = summarize(load(path))
     for row in rows:
         flush = row["flush_p50_us"]
-        print(f"flush + {row['delay_us']} us (the probe's fdatasync of an overwritten 4 KiB block, median: "
-              f"{'-' if flush is None else f'{flush / 1000:.2f} ms'})")
+        streams = ", ".join(map(str, row["streams"])) or "?"
+        print(f"flush + {row['delay_us']} us, {streams} streams (the probe's fdatasync of an overwritten 4 KiB "
+              f"block, median: {'-' if flush is None else f'{flush / 1000:.2f} ms'})")
         print(f"  group commit / one fsync a decision (>= 20x): {fmt(row['gc_over_mb1'], 1, 'x')}, "
               f"{verdict(row['gc_over_mb1'], 20)}")
         print(f"  durable / pure NextAction (>= 0.5):           {fmt(row['durable_over_pure'])}, "

@@ -23,7 +23,7 @@ import slow_disk  # noqa: E402
 
 def window(label, rps, cpu_us=10.0):
     return {"label": label, "throughput_rps": rps, "server_cpu_us_per_request": cpu_us,
-            "latency_us": {"p99": 900}}
+            "latency_us": {"p99": 900}, "concurrency": 128}
 
 
 def server(label, commits, saves, hwm_kib=100 * 1024):
@@ -89,7 +89,8 @@ class SlowDiskTest(unittest.TestCase):
         finally:
             os.unlink(f.name)
         text = out.getvalue()
-        self.assertIn("flush + 1000 us (the probe's fdatasync of an overwritten 4 KiB block, median: 1.18 ms)", text)
+        self.assertIn("flush + 1000 us, 128 streams (the probe's fdatasync of an overwritten 4 KiB block, "
+                      "median: 1.18 ms)", text)
         self.assertIn("(>= 20x): 47.5x (45.0x to 50.0x), met", text)
         self.assertIn("(>= 20x): 9.0x (9.0x to 9.0x), missed", text)
         self.assertIn("(>= 0.5):           0.47 (0.45 to 0.50), missed", text)

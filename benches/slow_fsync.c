@@ -25,25 +25,19 @@ __attribute__((constructor)) static void slow_fsync_init(void) {
   real_fsync = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
 }
 
-static void wait_for_the_device(void) {
-  if (delay_ns <= 0) return;
-  struct timespec left = {delay_ns / 1000000000L, delay_ns % 1000000000L};
-  while (nanosleep(&left, &left) == -1 && errno == EINTR) {
+/* The real call, then the device's extra wait, the call's errno kept. */
+static int slowed(int (*call)(int), int fd) {
+  int r = call(fd);
+  int saved = errno;
+  if (delay_ns > 0) {
+    struct timespec left = {delay_ns / 1000000000L, delay_ns % 1000000000L};
+    while (nanosleep(&left, &left) == -1 && errno == EINTR) {
+    }
   }
-}
-
-int fdatasync(int fd) {
-  int saved, r = real_fdatasync(fd);
-  saved = errno;
-  wait_for_the_device();
   errno = saved;
   return r;
 }
 
-int fsync(int fd) {
-  int saved, r = real_fsync(fd);
-  saved = errno;
-  wait_for_the_device();
-  errno = saved;
-  return r;
-}
+int fdatasync(int fd) { return slowed(real_fdatasync, fd); }
+
+int fsync(int fd) { return slowed(real_fsync, fd); }

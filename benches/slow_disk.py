@@ -52,10 +52,9 @@ def summarize(records):
     for delay, d in sorted(by_delay(records).items()):
         w, s = d["windows"], d["servers"]
         rounds = sorted({r for (_, r) in w})
-        thr = lambda kind, r: w[(kind, r)]["throughput_rps"] if (kind, r) in w else None  # noqa: E731
         gc_mb1, dur_pure, per_fsync = [], [], []
         for r in rounds:
-            gc, mb1, pure = thr("gc", r), thr("mb1", r), thr("pure", r)
+            gc, mb1, pure = (w.get((kind, r), {}).get("throughput_rps") for kind in ("gc", "mb1", "pure"))
             if gc and mb1:
                 gc_mb1.append(gc / mb1)
             if gc and pure:
@@ -63,8 +62,10 @@ def summarize(records):
             server = s.get(("gc", r))
             if server and server.get("commits"):
                 per_fsync.append(server["saves"] / server["commits"])
-        cpu = lambda kind: [v["server_cpu_us_per_request"] for (k, _), v in w.items() if k == kind]  # noqa: E731
-        throughput = lambda kind: [v["throughput_rps"] for (k, _), v in w.items() if k == kind]  # noqa: E731
+
+        def of(kind, field):
+            return spread([v[field] for (k, _), v in w.items() if k == kind])
+
         hwm = [v["vm_hwm_kib"] / 1024 for v in s.values() if v.get("vm_hwm_kib")]
         fsync = d["fsync"]
         streams = sorted({v["concurrency"] for v in w.values() if "concurrency" in v})
@@ -72,13 +73,13 @@ def summarize(records):
             "delay_us": delay,
             "streams": streams,
             "flush_p50_us": fsync["overwrite_latency_us"]["p50"] if fsync else None,
-            "gc_rps": spread(throughput("gc")),
-            "mb1_rps": spread(throughput("mb1")),
-            "pure_rps": spread(throughput("pure")),
+            "gc_rps": of("gc", "throughput_rps"),
+            "mb1_rps": of("mb1", "throughput_rps"),
+            "pure_rps": of("pure", "throughput_rps"),
             "gc_over_mb1": spread(gc_mb1),
             "durable_over_pure": spread(dur_pure),
             "decisions_per_fsync": spread(per_fsync),
-            "cpu_us": {k: spread(cpu(k)) for k in ("pure", "gc", "mb1")},
+            "cpu_us": {k: of(k, "server_cpu_us_per_request") for k in ("pure", "gc", "mb1")},
             "peak_rss_mib": max(hwm) if hwm else None,
         })
     return rows

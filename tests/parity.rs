@@ -1,4 +1,4 @@
-//! Every vector of `../shared/parity/` through the library and through the
+//! Every vector of `tests/data/parity/` through the library and through the
 //! real server on loopback.
 
 mod common;

@@ -139,7 +139,7 @@ pub fn with_tenant<T>(message: T, tenant: &str) -> tonic::Request<T> {
 /// The parity vectors generated from the article's reference functions.
 pub fn parity(name: &str) -> Vec<serde_json::Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/parity")
+        .join("tests/data/parity")
         .join(name);
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));

@@ -4,9 +4,16 @@
 //! - [`delay`]: the article's `retry_delay`, exact to the reference, and its
 //!   millisecond refinement.
 //! - [`action`]: the article's `next_action` on a [`Budget`].
+//! - [`hint`]: a server's `Retry-After`, pushback and `RetryInfo`, normalised.
+//! - [`classify`]: a raw failure to its class, by rules.
+//! - [`decision`]: the one decision on a failed attempt that both forms of
+//!   `NextAction` make, and what the global token's answer does to it.
+//! - [`token`]: that answer ([`Admission`]) and the [`TokenGate`] asked.
 //! - [`activity`]: the durable state machine that owns an activity's budget:
 //!   given the recorded activity and a new failure report, the decision and
 //!   the new record.
+//! - [`record`]: the record it keeps; [`error`]: what it refuses;
+//!   [`tenant`]: who asks.
 //! - [`codes`]: every stable string a client may match on, defined once.
 //!
 //! Time is always a parameter (`now`, logical milliseconds), never read here,
@@ -16,8 +23,14 @@ pub mod action;
 pub mod activity;
 pub mod classify;
 pub mod codes;
+pub mod decision;
 pub mod delay;
+pub mod error;
 pub mod hint;
+pub mod record;
+pub mod tenant;
+pub mod token;
 
 pub use action::{Action, Budget, ErrorClass, explain, next_action};
 pub use delay::{Delay, DelayParams, retry_delay};
+pub use token::{Admission, TokenGate, Unlimited};

@@ -2,8 +2,8 @@
 //! made durable before anyone is told.
 //!
 //! It joins the pure state machine ([`crate::budget::activity`]), a
-//! [`Store`], and the global retry tokens (through [`TokenGate`], so it does
-//! not depend on how tokens are handed out). Every operation on an activity
+//! [`Store`], and the global retry tokens (through the core's [`TokenGate`],
+//! so it does not depend on how tokens are handed out). Every operation on an activity
 //! runs under that activity's lock: load, decide, settle the token, save
 //! (durable), and only then return. A client that received a decision can
 //! rely on it surviving a crash.
@@ -34,40 +34,7 @@ pub enum LedgerError {
     Store(#[from] StoreError),
 }
 
-/// The answer of the global retry-token bucket for one retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenOutcome {
-    /// A token was taken: the retry may go ahead.
-    Granted,
-    /// No token now: ask again at `not_before_ms` (service clock, unix
-    /// milliseconds), when a token is `booked` for this activity, or not.
-    Deferred {
-        /// When to ask again.
-        not_before_ms: i64,
-        /// Why, a stable code.
-        reason: &'static str,
-        /// Whether a token is booked for that time.
-        booked: bool,
-    },
-}
-
-/// Hands out global retry tokens. Called at most once per decision, and only
-/// for a fresh retry; a gate that is dropped unused gives its token back.
-pub trait TokenGate {
-    /// Takes a token for a retry decided at `now_ms`, or books a slot at
-    /// most `max_wait_ms` later (the time left before the deadline).
-    fn take(self, now_ms: i64, max_wait_ms: i64) -> TokenOutcome;
-}
-
-/// A gate that always grants: for callers that enforce no global limit.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Unlimited;
-
-impl TokenGate for Unlimited {
-    fn take(self, _now_ms: i64, _max_wait_ms: i64) -> TokenOutcome {
-        TokenOutcome::Granted
-    }
-}
+pub use crate::budget::token::{TokenGate, Unlimited};
 
 /// A decision as the caller sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -288,15 +255,8 @@ impl<S: Store> Ledger<S> {
                 None,
             )),
             Plan::Fresh(mut draft) => {
-                if draft.wants_token() && !dry_run {
-                    match gate.take(now_ms, draft.max_wait_ms(now_ms)) {
-                        TokenOutcome::Granted => draft.grant(),
-                        TokenOutcome::Deferred {
-                            not_before_ms,
-                            reason,
-                            booked,
-                        } => draft.defer(not_before_ms, reason, booked),
-                    }
+                if !dry_run {
+                    draft.take_token(gate, now_ms);
                 }
                 let (record, event) = draft.finish();
                 let decided = Decided {

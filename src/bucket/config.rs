@@ -179,8 +179,8 @@ impl BucketConfig {
 }
 
 /// Whether `tenant` is a valid tenant id (the core's rule).
-pub fn is_valid_tenant(tenant: &str) -> bool {
-    crate::budget::activity::validate_tenant(tenant).is_ok()
+fn is_valid_tenant(tenant: &str) -> bool {
+    crate::budget::tenant::validate(tenant).is_ok()
 }
 
 #[cfg(test)]

@@ -75,35 +75,7 @@ type Nanos = i64;
 
 const NANOS_LIMIT: Nanos = i64::MAX / 4;
 
-/// The answer to a request for a retry token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Admission {
-    /// A token is taken now: retry.
-    Granted,
-    /// No token now: the tenant's next free slot is booked for this request,
-    /// `wait` from now. Asked again then, the same retry is granted without
-    /// asking the bucket: the token is already counted.
-    Deferred {
-        /// How long until the booked slot.
-        wait: Duration,
-        /// Why: [`TENANT_SHARE_EXHAUSTED`] or [`GLOBAL_CAPACITY_EXHAUSTED`].
-        reason: &'static str,
-    },
-    /// No token now and no slot booked: ask the bucket again after
-    /// `retry_after`. Nothing is promised, but the wait is the request's
-    /// turn in the tenant's queue of refused requests (one share interval
-    /// after the previous turn), so it usually finds a slot then, and
-    /// refused requests do not come back together. With reason
-    /// [`RESERVATION_PAST_MAX_WAIT`], the request takes no turn:
-    /// `retry_after` is when its slot or turn would have come.
-    Refused {
-        /// When to ask again.
-        retry_after: Duration,
-        /// Why: [`TENANT_BACKLOG_FULL`], [`GLOBAL_CAPACITY_EXHAUSTED`] or
-        /// [`RESERVATION_PAST_MAX_WAIT`].
-        reason: &'static str,
-    },
-}
+pub use crate::budget::token::Admission;
 
 /// A token taken now that may still be returned unused
 /// ([`FairShares::release`]). Opaque: it says which tenant's share to give

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::fair::{Admission, Grant};
 use super::handle::FairBucket;
+use crate::budget::token::TokenGate;
 
 /// A request's claim on the retry-token bucket. Clones share one claim.
 #[derive(Clone)]
@@ -109,6 +110,20 @@ impl PermitSlot {
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The request's permit is the core's gate for its decision. Without one
+/// (no token layer installed) every retry is granted.
+impl TokenGate for Option<&PermitSlot> {
+    fn take(self, max_wait: Duration) -> Admission {
+        match self.map(|slot| slot.commit_within(max_wait)) {
+            None => Admission::Granted,
+            Some(Ok(admission)) => admission,
+            // A decision takes its token once; a spent slot would mean a
+            // second decision in one request, which the ledger never makes.
+            Some(Err(SlotSpentError)) => Admission::Granted,
+        }
     }
 }
 

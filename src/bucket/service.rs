@@ -19,19 +19,16 @@
 
 use std::task::{Context, Poll};
 
-use http::HeaderMap;
 use tower::Service;
 
-use super::config::is_valid_tenant;
 use super::handle::FairBucket;
 #[cfg(doc)]
 use super::permit::PermitSlot;
+use crate::budget::tenant;
 
 /// The one method whose requests take retry tokens.
 pub const NEXT_ACTION_PATH: &str = "/retrybudget.v1.RetryBudget/NextAction";
-/// The request header that names the tenant.
-pub const TENANT_HEADER: &str = "x-tenant-id";
-pub use crate::budget::activity::DEFAULT_TENANT;
+pub use crate::budget::tenant::{DEFAULT_TENANT, TENANT_HEADER};
 
 /// Inserts a [`PermitSlot`] into the extensions of every `NextAction`
 /// request with a valid tenant; passes everything else through untouched.
@@ -74,7 +71,10 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let slot = if request.uri().path() == NEXT_ACTION_PATH {
-            tenant(request.headers()).map(|tenant| self.bucket.acquire(tenant))
+            let header = request.headers().get(TENANT_HEADER);
+            tenant::parse(header.map(http::HeaderValue::as_bytes))
+                .ok()
+                .map(|tenant| self.bucket.acquire(tenant))
         } else {
             None
         };
@@ -83,19 +83,6 @@ where
         }
         self.inner.call(request)
     }
-}
-
-/// The tenant a request names, or `None` for an invalid id.
-fn tenant(headers: &HeaderMap) -> Option<&str> {
-    let Some(value) = headers.get(TENANT_HEADER) else {
-        return Some(DEFAULT_TENANT);
-    };
-    if value.is_empty() {
-        return Some(DEFAULT_TENANT);
-    }
-    std::str::from_utf8(value.as_bytes())
-        .ok()
-        .filter(|t| is_valid_tenant(t))
 }
 
 #[cfg(test)]

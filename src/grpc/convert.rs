@@ -6,26 +6,18 @@ use tonic::metadata::MetadataMap;
 
 use super::{TENANT_HEADER, pb};
 use crate::budget::activity::{
-    ActivityRecord, BudgetError, DEFAULT_TENANT, Event, EventKind, Policy, Resolution, Status,
-    validate_tenant,
+    ActivityRecord, BudgetError, Event, EventKind, Policy, Resolution, Status,
 };
 use crate::budget::classify::{Failure, NetworkFailure, Reach, Safety};
 use crate::budget::hint::{Hint, RawHints, RetryInfoDelay};
+use crate::budget::tenant;
 use crate::budget::{Action, ErrorClass};
 use crate::ledger::Decided;
 
-/// The tenant named by the `x-tenant-id` metadata; absent or empty means
-/// `default` (as the token layer reads it).
-pub(super) fn tenant(metadata: &MetadataMap) -> Result<String, BudgetError> {
-    let Some(value) = metadata.get(TENANT_HEADER) else {
-        return Ok(DEFAULT_TENANT.to_owned());
-    };
-    let tenant = value.to_str().map_err(|_| BudgetError::InvalidTenant)?;
-    if tenant.is_empty() {
-        return Ok(DEFAULT_TENANT.to_owned());
-    }
-    validate_tenant(tenant)?;
-    Ok(tenant.to_owned())
+/// The tenant named by the `x-tenant-id` metadata, by the core's one
+/// parser (absent or empty means `default`, as the token layer reads it).
+pub(super) fn tenant(metadata: &MetadataMap) -> Result<&str, BudgetError> {
+    tenant::parse(metadata.get(TENANT_HEADER).map(|v| v.as_bytes()))
 }
 
 /// The class of a wire `ErrorClass`; unspecified and unknown numbers are the
@@ -227,33 +219,46 @@ impl From<ActivityRecord> for pb::Activity {
     }
 }
 
-impl From<Decided> for pb::NextActionResponse {
-    fn from(d: Decided) -> Self {
-        // The event is shared with the record (the one just saved, or the
-        // stored one for a replay): its strings are copied.
-        let e = &*d.event;
+/// A decision as `NextAction` answers it: the pure form's own event, moved.
+impl From<Event> for pb::NextActionResponse {
+    fn from(e: Event) -> Self {
         debug_assert_eq!(e.kind, EventKind::Decision);
         Self {
             action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
-            code: e.code.clone(),
+            code: e.code,
             delay_seconds: e.delay_seconds,
             delay_ms: e.delay_ms,
             not_before: e.not_before_ms.map(timestamp),
-            replayed: d.replayed,
-            reason: e.reason.clone(),
+            replayed: false,
+            reason: e.reason,
             attempt: e.attempt,
-            policy: Some(d.policy.into()),
-            policy_conflict: d.policy_conflict,
-            class_conflict: d.class_conflict,
+            policy: None,
+            policy_conflict: false,
+            class_conflict: false,
             dry_run: false,
             error_class: e
                 .class
                 .map_or(pb::ErrorClass::Unspecified, error_class_to_pb)
                 as i32,
             hint: e.hint.as_ref().map(pb::ServerHint::from),
-            rule: e.rule.clone().unwrap_or_default(),
+            rule: e.rule.unwrap_or_default(),
             token_taken: e.token_taken,
-            defer_reason: e.defer_reason.clone().unwrap_or_default(),
+            defer_reason: e.defer_reason.unwrap_or_default(),
+        }
+    }
+}
+
+/// A durable decision: the recorded event (shared with the record just
+/// saved, or the stored one for a replay, so its strings are copied) and
+/// what the ledger says of it.
+impl From<Decided> for pb::NextActionResponse {
+    fn from(d: Decided) -> Self {
+        Self {
+            replayed: d.replayed,
+            policy: Some(d.policy.into()),
+            policy_conflict: d.policy_conflict,
+            class_conflict: d.class_conflict,
+            ..Self::from(std::sync::Arc::unwrap_or_clone(d.event))
         }
     }
 }

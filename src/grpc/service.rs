@@ -5,7 +5,6 @@ use std::future::ready;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use tonic::{Request, Response, Status};
@@ -13,16 +12,15 @@ use tonic::{Request, Response, Status};
 use super::convert::{self, millis};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
-use crate::bucket::{Admission, FairBucket, PermitSlot, SlotSpentError};
+use crate::bucket::{FairBucket, PermitSlot};
 use crate::budget::activity::{
-    ActivityKey, BudgetError, Policy, Report, plan_delay, validate_activity_id,
-    validate_workflow_id,
+    ActivityKey, BudgetError, Policy, Report, validate_activity_id, validate_workflow_id,
 };
 use crate::budget::classify::RuleSet;
-use crate::budget::hint::{RawHints, normalize};
-use crate::budget::{Action, Budget, DelayParams, ErrorClass, explain, next_action, retry_delay};
+use crate::budget::decision::{Failure, PureReport, decide_pure};
+use crate::budget::{Budget, DelayParams, ErrorClass, retry_delay};
 use crate::clock::now_ms;
-use crate::ledger::{Decided, Ledger, SuccessOutcome, TokenGate, TokenOutcome};
+use crate::ledger::{Decided, Ledger, SuccessOutcome};
 use crate::store::Store;
 
 /// Set when the server starts draining: new calls are refused with
@@ -75,45 +73,10 @@ impl<S> RetryBudgetService<S> {
     }
 }
 
-/// The token layer's permit as the ledger's [`TokenGate`]. Without a permit
-/// (no layer installed) every retry is granted.
-struct SlotGate<'a>(Option<&'a PermitSlot>);
-
-impl TokenGate for SlotGate<'_> {
-    fn take(self, now_ms: i64, max_wait_ms: i64) -> TokenOutcome {
-        let Some(slot) = self.0 else {
-            return TokenOutcome::Granted;
-        };
-        let max_wait = Duration::from_millis(max_wait_ms.max(0).unsigned_abs());
-        let later = |wait: Duration| {
-            now_ms.saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX))
-        };
-        match slot.commit_within(max_wait) {
-            Ok(Admission::Granted) => TokenOutcome::Granted,
-            Ok(Admission::Deferred { wait, reason }) => TokenOutcome::Deferred {
-                not_before_ms: later(wait),
-                reason,
-                booked: true,
-            },
-            Ok(Admission::Refused {
-                retry_after,
-                reason,
-            }) => TokenOutcome::Deferred {
-                not_before_ms: later(retry_after),
-                reason,
-                booked: false,
-            },
-            // The ledger takes a token once a decision; a spent slot means
-            // a second decision in one request, which cannot happen.
-            Err(SlotSpentError) => TokenOutcome::Granted,
-        }
-    }
-}
-
 fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, BudgetError> {
     validate_activity_id(&activity_id)?;
     Ok(ActivityKey {
-        tenant: convert::tenant(request.metadata())?,
+        tenant: convert::tenant(request.metadata())?.to_owned(),
         activity_id,
     })
 }
@@ -141,19 +104,15 @@ impl<S: Store> RetryBudgetService<S> {
         request: Request<pb::NextActionRequest>,
     ) -> Result<Answer<'_>, Status> {
         self.draining.check()?;
-        let slot = request.extensions().get::<PermitSlot>().cloned();
+        let (metadata, mut extensions, req) = request.into_parts();
+        let slot = extensions.remove::<PermitSlot>();
         // The token layer read and checked the tenant when it gave the
         // request a slot; without one (no layer, or an invalid id) the
         // handler reads it, and rejects an invalid one.
-        let parsed;
         let tenant = match &slot {
             Some(slot) => slot.tenant(),
-            None => {
-                parsed = convert::tenant(request.metadata())?;
-                parsed.as_str()
-            }
+            None => convert::tenant(&metadata)?,
         };
-        let req = request.into_inner();
         if let Some(budget) = &req.budget {
             let response = self.next_action_pure(tenant, slot.as_ref(), budget, &req)?;
             return Ok(Box::pin(ready(Ok(Response::new(response)))));
@@ -162,8 +121,8 @@ impl<S: Store> RetryBudgetService<S> {
         self.next_action_durable(tenant, slot, req)
     }
 
-    /// `NextAction` with a `budget`: decided on the budget as given,
-    /// nothing stored.
+    /// `NextAction` with a `budget`: decided by the core on the budget as
+    /// given, nothing stored.
     fn next_action_pure(
         &self,
         tenant: &str,
@@ -172,17 +131,27 @@ impl<S: Store> RetryBudgetService<S> {
         req: &pb::NextActionRequest,
     ) -> Result<pb::NextActionResponse, Status> {
         let (class, rule) = self.classify(req, tenant)?;
-        let input = PureInput {
-            class,
-            rule,
-            hints: req.error.as_ref().and_then(convert::raw_hints),
-            occurred_at_ms: occurred_at(req)?,
+        let report = PureReport {
+            budget: Budget {
+                attempts: budget.attempts,
+                max_attempts: budget.max_attempts,
+                elapsed: budget.elapsed,
+                deadline: budget.deadline,
+            },
+            failure: Failure {
+                class,
+                rule,
+                hints: req.error.as_ref().and_then(convert::raw_hints),
+                occurred_at_ms: occurred_at(req)?,
+            },
             activity_id: &req.activity_id,
-            policy: req.policy,
-            max_hint_ms: self.ledger.defaults().max_hint_ms,
+            params: req
+                .policy
+                .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params()),
         };
-        let gate = (!req.dry_run).then_some(SlotGate(slot));
-        let mut response = pure_next_action(budget, &input, gate)?;
+        let gate = (!req.dry_run).then_some(slot);
+        let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now_ms())?;
+        let mut response = pb::NextActionResponse::from(event);
         response.dry_run = req.dry_run;
         Ok(response)
     }
@@ -210,14 +179,14 @@ impl<S: Store> RetryBudgetService<S> {
         let tried = {
             let report = self.durable_report(&key, &req)?;
             self.ledger
-                .try_report(&key, &report, SlotGate(slot.as_ref()), now_ms(), dry_run)
+                .try_report(&key, &report, slot.as_ref(), now_ms(), dry_run)
         };
         let Some(unsaved) = tried else {
             return Ok(Box::pin(async move {
                 let report = self.durable_report(&key, &req)?;
                 let decided = self
                     .ledger
-                    .report(&key, &report, SlotGate(slot.as_ref()), now_ms(), dry_run)
+                    .report(&key, &report, slot.as_ref(), now_ms(), dry_run)
                     .await?;
                 Ok(answer(decided, dry_run))
             }));
@@ -378,85 +347,6 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         let record = self.ledger.get(&key).await?;
         Ok(Response::new(record.into()))
     }
-}
-
-/// What the pure form evaluates besides the budget.
-struct PureInput<'a> {
-    class: ErrorClass,
-    rule: Option<&'a str>,
-    hints: Option<RawHints<'a>>,
-    occurred_at_ms: Option<i64>,
-    activity_id: &'a str,
-    policy: Option<pb::Policy>,
-    max_hint_ms: u64,
-}
-
-/// The pure form: the reference `next_action` on the budget as given, plus
-/// the delay of a retry when an activity id is named (the server's hint when
-/// it asks for longer). Nothing is stored. A retry takes a global token
-/// through `gate` (none for a dry run); the pure form keeps no record to
-/// hold a booked slot, so without a token now it is deferred to when the
-/// next one comes, and asks again then.
-fn pure_next_action(
-    budget: &pb::Budget,
-    input: &PureInput<'_>,
-    gate: Option<SlotGate<'_>>,
-) -> Result<pb::NextActionResponse, Status> {
-    let budget = Budget {
-        attempts: budget.attempts,
-        max_attempts: budget.max_attempts,
-        elapsed: budget.elapsed,
-        deadline: budget.deadline,
-    };
-    let now = now_ms();
-    let hint = input
-        .hints
-        .map(|raw| normalize(&raw, input.occurred_at_ms.unwrap_or(now), input.max_hint_ms));
-    let mut action = next_action(&budget, input.class);
-    let mut reason = explain(action, &budget);
-    if action == Action::ScheduleRetry && hint.is_some_and(|h| h.do_not_retry) {
-        action = Action::FailPermanent;
-        reason = "the server asked not to retry (grpc_pushback_do_not_retry)".to_owned();
-    }
-    let mut response = pb::NextActionResponse {
-        attempt: budget.attempts,
-        error_class: convert::error_class_to_pb(input.class) as i32,
-        rule: input.rule.unwrap_or_default().to_owned(),
-        hint: hint.as_ref().map(pb::ServerHint::from),
-        ..Default::default()
-    };
-    if action == Action::ScheduleRetry && !input.activity_id.is_empty() {
-        validate_activity_id(input.activity_id)?;
-        let params = input
-            .policy
-            .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params());
-        let planned = plan_delay(input.activity_id, budget.attempts, params, hint.as_ref())?;
-        response.delay_seconds = planned.seconds;
-        response.delay_ms = planned.millis;
-    }
-    if action == Action::ScheduleRetry
-        && let Some(gate) = gate
-    {
-        match gate.take(now, 0) {
-            TokenOutcome::Granted => response.token_taken = true,
-            TokenOutcome::Deferred {
-                not_before_ms,
-                reason: why,
-                ..
-            } => {
-                action = Action::Deferred;
-                response.defer_reason = why.to_owned();
-                response.not_before = Some(convert::timestamp(not_before_ms));
-                reason = format!("retry capacity is exhausted ({why}); ask again at not_before");
-                response.delay_seconds = 0;
-                response.delay_ms = 0;
-            }
-        }
-    }
-    response.action = convert::action_to_pb(action) as i32;
-    response.code = action.code().to_owned();
-    response.reason = reason;
-    Ok(response)
 }
 
 #[cfg(test)]

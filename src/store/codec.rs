@@ -44,11 +44,11 @@ pub fn decode(bytes: &[u8]) -> Result<ActivityRecord, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::ErrorClass;
     use crate::budget::activity::{
         ActivityKey, Defaults, Plan, Policy, Report, Status, plan, record_success,
     };
     use crate::budget::hint::RawHints;
+    use crate::budget::{Admission, ErrorClass};
 
     /// A record with every kind of field filled: decisions with and without
     /// hints and rules, then a success.
@@ -87,11 +87,15 @@ mod tests {
             match plan(record.take(), &key, &report, &defaults, now).expect("valid") {
                 Plan::Fresh(mut draft) => {
                     if draft.wants_token() {
-                        if defer {
-                            draft.defer(now + 500, "bucket_empty", true);
+                        let admission = if defer {
+                            Admission::Deferred {
+                                wait: std::time::Duration::from_millis(500),
+                                reason: "bucket_empty",
+                            }
                         } else {
-                            draft.grant();
-                        }
+                            Admission::Granted
+                        };
+                        draft.settle(admission, now);
                     }
                     record = Some(draft.finish().0);
                 }

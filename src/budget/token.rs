@@ -1,0 +1,63 @@
+//! Global retry tokens as the core sees them: one [`Admission`] type for
+//! every answer about a token, and the [`TokenGate`] a decision asks.
+//!
+//! The bucket (`crate::bucket`) implements the gate; the core only decides
+//! what a granted, deferred or refused token means for a decision (see
+//! [`super::decision::settle`]), so that the pure and the durable
+//! `NextAction` read the same answer the same way.
+
+use std::time::Duration;
+
+#[cfg(doc)]
+use super::codes::{
+    GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
+    TENANT_SHARE_EXHAUSTED,
+};
+
+/// The answer to a request for a retry token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Admission {
+    /// A token is taken now: retry.
+    Granted,
+    /// No token now: the tenant's next free slot is booked for this request,
+    /// `wait` from now. Asked again then, the same retry is granted without
+    /// asking the bucket: the token is already counted.
+    Deferred {
+        /// How long until the booked slot.
+        wait: Duration,
+        /// Why: [`TENANT_SHARE_EXHAUSTED`] or [`GLOBAL_CAPACITY_EXHAUSTED`].
+        reason: &'static str,
+    },
+    /// No token now and no slot booked: ask the bucket again after
+    /// `retry_after`. Nothing is promised, but the wait is the request's
+    /// turn in the tenant's queue of refused requests (one share interval
+    /// after the previous turn), so it usually finds a slot then, and
+    /// refused requests do not come back together. With reason
+    /// [`RESERVATION_PAST_MAX_WAIT`], the request takes no turn:
+    /// `retry_after` is when its slot or turn would have come.
+    Refused {
+        /// When to ask again.
+        retry_after: Duration,
+        /// Why: [`TENANT_BACKLOG_FULL`], [`GLOBAL_CAPACITY_EXHAUSTED`] or
+        /// [`RESERVATION_PAST_MAX_WAIT`].
+        reason: &'static str,
+    },
+}
+
+/// Hands out global retry tokens. Asked at most once per decision, and only
+/// for a fresh retry; a gate dropped unused gives its token back.
+pub trait TokenGate {
+    /// Takes a token for a retry now, or books a slot at most `max_wait`
+    /// later (the time left before the activity's deadline).
+    fn take(self, max_wait: Duration) -> Admission;
+}
+
+/// A gate that always grants: for callers that enforce no global limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unlimited;
+
+impl TokenGate for Unlimited {
+    fn take(self, _max_wait: Duration) -> Admission {
+        Admission::Granted
+    }
+}

@@ -1,7 +1,30 @@
-//! The configuration file (`--config FILE`, TOML). Flags override what it
-//! says; what neither says takes the documented defaults.
+//! The one configuration model. Built-in defaults, the TOML file
+//! (`--config FILE`), environment variables and flags all fill the one typed
+//! [`Config`], in that order of precedence, lowest first: a flag beats its
+//! environment variable, which beats the file, which beats the default.
+//! Each default is declared once, in the `Default` of its section (the
+//! store's journal settings in `RedbStoreOptions::new`, the bucket's in
+//! `bucket::config`); `retry-budget --print-config` shows the result.
 //!
 //! ```toml
+//! [server]
+//! listen = "127.0.0.1:50051"
+//! drain_delay = "2s"       # health NOT_SERVING before the listener closes
+//! grace_period = "10s"     # calls in flight may finish in this long
+//!
+//! [store]
+//! data_dir = "retry-budget-data"
+//! max_batch = 1024         # decisions one group commit (one fsync) carries
+//! commit_window = "2ms"
+//! journal_segment_bytes = 16777216  # 16 MiB (--journal-segment-mib 16)
+//! journal_segment_age = "5s"
+//! retention = "7days"      # closed or expired activities are kept this long
+//! sweep_interval = "1m"
+//!
+//! [policy]                 # of activities whose first report names none
+//! max_attempts = 5
+//! deadline = "1h"
+//!
 //! [bucket]
 //! rate = 200.0             # retry tokens a second, for the whole service
 //! burst = 400              # tokens when full
@@ -20,25 +43,186 @@
 //! class = "transient"
 //! ```
 //!
-//! Unknown keys are errors, so a typo never silently keeps a default.
+//! Every key is optional. Unknown keys are errors, so a typo never silently
+//! keeps a default.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::bucket::BucketConfig;
-use crate::budget::classify::RuleSpec;
+use crate::budget::activity::Policy;
+use crate::budget::classify::{RuleSet, RuleSpec};
+use crate::budget::codes;
+use crate::store::{RedbStoreOptions, RuntimeIdle};
 
-/// The configuration file's contents.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The service's whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct FileConfig {
-    /// The global retry-token bucket.
+pub struct Config {
+    /// `[server]`: where it listens and how it stops.
+    pub server: ServeConfig,
+    /// `[store]`: the embedded store and its retention.
+    pub store: StoreConfig,
+    /// `[policy]`: the policy of activities whose first report has none.
+    pub policy: PolicyConfig,
+    /// `[bucket]`: the global retry-token bucket.
     pub bucket: BucketConfig,
-    /// Classification overrides.
-    pub classification: ClassificationConfig,
-    /// Server hints.
+    /// `[hints]`: how server hints are planned with.
     pub hints: HintsConfig,
+    /// `[classification]`: the operator's rules, tried before the defaults.
+    #[serde(skip_serializing)]
+    pub classification: ClassificationConfig,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    /// The address the gRPC server listens on.
+    pub listen: SocketAddr,
+    /// How long health says `NOT_SERVING` before the listener closes, so a
+    /// mesh stops sending new calls first.
+    #[serde(with = "duration")]
+    pub drain_delay: Duration,
+    /// How long calls in flight may take to finish after the listener
+    /// closes.
+    #[serde(with = "duration")]
+    pub grace_period: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 50051)),
+            drain_delay: Duration::from_secs(2),
+            grace_period: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The directory of the embedded store (created if missing).
+    pub data_dir: PathBuf,
+    /// The most decisions one group commit (one fsync) carries; 1 commits
+    /// each decision alone. 1 to 65536.
+    pub max_batch: usize,
+    /// Under load, how long from the start of one group commit the next may
+    /// wait for decisions to share its fsync (see `RedbStoreOptions`).
+    #[serde(with = "duration")]
+    pub commit_window: Duration,
+    /// A journal segment this large (bytes) is checkpointed into the
+    /// database; decisions waiting for a checkpoint are held in memory.
+    /// 1 KiB to 1 GiB.
+    pub journal_segment_bytes: u64,
+    /// A journal segment older than this is checkpointed even when small.
+    #[serde(with = "duration")]
+    pub journal_segment_age: Duration,
+    /// How long closed (or expired) activities are kept.
+    #[serde(with = "duration")]
+    pub retention: Duration,
+    /// How often expired activities are purged.
+    #[serde(with = "duration")]
+    pub sweep_interval: Duration,
+    /// Set by the binary, not configurable: its runtime tells the store
+    /// when a worker parks, ending a group commit's window early.
+    #[serde(skip)]
+    pub runtime_idle: Option<RuntimeIdle>,
+}
+
+/// The data directory of `cargo run` with no configuration.
+pub const DEFAULT_DATA_DIR: &str = "retry-budget-data";
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        let store = RedbStoreOptions::new(DEFAULT_DATA_DIR);
+        Self {
+            journal_segment_bytes: store.segment_bytes,
+            journal_segment_age: store.segment_age,
+            max_batch: store.max_batch,
+            commit_window: store.commit_window,
+            data_dir: store.data_dir,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            sweep_interval: Duration::from_secs(60),
+            runtime_idle: None,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The embedded store's options for these settings.
+    pub fn redb_options(&self) -> RedbStoreOptions {
+        let mut options = RedbStoreOptions::new(&self.data_dir);
+        options.max_batch = self.max_batch;
+        options.commit_window = self.commit_window;
+        options.segment_bytes = self.journal_segment_bytes;
+        options.segment_age = self.journal_segment_age;
+        options.runtime_idle.clone_from(&self.runtime_idle);
+        options
+    }
+}
+
+/// `[policy]`: what an activity gets when its first report names no policy
+/// (or leaves a field at 0).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Attempts allowed in all, the first one included.
+    pub max_attempts: u32,
+    /// Logical time after the first failure when nothing is retried any
+    /// more (whole seconds).
+    #[serde(with = "duration")]
+    pub deadline: Duration,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            deadline: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The core's policy for these settings (the reference backoff).
+    pub fn policy(&self) -> Policy {
+        Policy {
+            max_attempts: self.max_attempts,
+            deadline_seconds: self.deadline.as_secs(),
+            base: None,
+            cap: None,
+        }
+    }
+}
+
+/// `[hints]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HintsConfig {
+    /// The longest delay a server's hint (Retry-After, pushback, RetryInfo)
+    /// may ask for, in seconds; longer hints are capped and say so.
+    pub max_hint_seconds: u64,
+}
+
+impl Default for HintsConfig {
+    fn default() -> Self {
+        Self {
+            max_hint_seconds: 3600,
+        }
+    }
+}
+
+impl HintsConfig {
+    /// The cap in milliseconds, as the core takes it.
+    pub fn max_hint_ms(&self) -> u64 {
+        self.max_hint_seconds.saturating_mul(1000)
+    }
 }
 
 /// `[classification]`: rules tried in order before the default policy
@@ -50,37 +234,38 @@ pub struct ClassificationConfig {
     pub rules: Vec<RuleSpec>,
 }
 
-/// `[hints]`: how server hints are planned with.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HintsConfig {
-    /// The longest delay a hint may ask for, in seconds (default 3600).
-    pub max_hint_seconds: Option<u64>,
-}
-
-/// The configuration file cannot be used.
+/// The configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// It cannot be read.
-    #[error("config_unreadable: {path}: {source}")]
+    /// The file cannot be read.
+    #[error("{}: {path}: {source}", codes::CONFIG_UNREADABLE)]
     Unreadable {
         /// The file.
         path: PathBuf,
         /// Why.
+        #[source]
         source: std::io::Error,
     },
-    /// It is not valid TOML of the expected shape.
-    #[error("config_invalid: {path}: {message}")]
+    /// The file is not valid TOML of the expected shape.
+    #[error("{}: {path}: {message}", codes::CONFIG_INVALID)]
     Invalid {
         /// The file.
         path: PathBuf,
         /// What is wrong, with the line and column.
         message: String,
     },
+    /// A setting, from whichever source, is out of its range.
+    #[error("{}: {key}: {message}", codes::CONFIG_INVALID)]
+    Value {
+        /// The setting, as `section.key`.
+        key: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
-impl FileConfig {
-    /// Reads and parses a configuration file.
+impl Config {
+    /// The built-in defaults under the configuration file at `path`.
     ///
     /// # Errors
     /// [`ConfigError`] when it cannot be read or parsed.
@@ -94,44 +279,151 @@ impl FileConfig {
             message: e.to_string(),
         })
     }
+
+    /// The defaults with the store under `data_dir`: what tests and
+    /// embedders start from.
+    pub fn with_data_dir(data_dir: impl Into<PathBuf>) -> Self {
+        let mut config = Self::default();
+        config.store.data_dir = data_dir.into();
+        config
+    }
+
+    /// Checks every setting's range, whichever source set it.
+    ///
+    /// # Errors
+    /// [`ConfigError::Value`] naming the first setting at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let value = |key, message: &str| ConfigError::Value {
+            key,
+            message: message.to_owned(),
+        };
+        if !(1..=65_536).contains(&self.store.max_batch) {
+            return Err(value("store.max_batch", "must be 1 to 65536"));
+        }
+        if !(1 << 10..=1 << 30).contains(&self.store.journal_segment_bytes) {
+            return Err(value(
+                "store.journal_segment_bytes",
+                "must be 1 KiB to 1 GiB (1024 to 1073741824)",
+            ));
+        }
+        if self.store.journal_segment_age.is_zero() {
+            return Err(value(
+                "store.journal_segment_age",
+                "must be longer than zero",
+            ));
+        }
+        if self.store.sweep_interval.is_zero() {
+            return Err(value("store.sweep_interval", "must be longer than zero"));
+        }
+        self.bucket.validate().map_err(|e| ConfigError::Value {
+            key: "bucket",
+            message: e.to_string(),
+        })?;
+        RuleSet::new(self.classification.rules.clone()).map_err(|e| ConfigError::Value {
+            key: "classification.rules",
+            message: e.to_string(),
+        })?;
+        Ok(())
+    }
+
+    /// The configuration as TOML, defaults included (the classification
+    /// rules are left out: they have none).
+    ///
+    /// # Errors
+    /// The encoder's message; it does not fail for a configuration that
+    /// was read.
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| e.to_string())
+    }
+}
+
+/// Durations as people write them (`"2ms"`, `"1h 30m"`, `"7days"`).
+mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&humantime::format_duration(*value).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn documented(source: &str, opening: &str) -> String {
+        let start = source.find(opening).expect("a toml block") + opening.len();
+        let end = start + source[start..].find("```").expect("closed");
+        source[start..end].to_owned()
+    }
+
     #[test]
-    fn the_documented_example_parses() {
+    fn the_documented_example_parses_and_is_valid() {
         let example: String = include_str!("config.rs")
             .lines()
-            .filter_map(|l| l.strip_prefix("//! "))
-            .skip_while(|l| !l.starts_with("[bucket]"))
-            .take_while(|l| !l.starts_with("```"))
+            .filter_map(|l| {
+                l.strip_prefix("//!")
+                    .map(|l| l.strip_prefix(' ').unwrap_or(l))
+            })
             .collect::<Vec<_>>()
             .join("\n");
-        let config: FileConfig = toml::from_str(&example).unwrap();
+        let config: Config = toml::from_str(&documented(&example, "```toml\n")).unwrap();
+        config.validate().unwrap();
         assert_eq!(config.bucket.rate, 200.0);
         assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
-        config.bucket.validate().unwrap();
-        assert_eq!(config.hints.max_hint_seconds, Some(600));
-        crate::budget::classify::RuleSet::new(config.classification.rules).unwrap();
+        assert_eq!(config.hints.max_hint_seconds, 600);
+        assert_eq!(config.store.retention, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(config.classification.rules.len(), 1);
     }
 
     #[test]
     fn the_readme_example_parses_and_is_valid() {
-        let readme = include_str!("../README.md");
-        let start = readme.find("```toml\n").expect("a toml block") + "```toml\n".len();
-        let end = start + readme[start..].find("```").expect("closed");
-        let config: FileConfig = toml::from_str(&readme[start..end]).unwrap();
-        config.bucket.validate().unwrap();
+        let config: Config =
+            toml::from_str(&documented(include_str!("../README.md"), "```toml\n")).unwrap();
+        config.validate().unwrap();
         assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
-        crate::budget::classify::RuleSet::new(config.classification.rules).unwrap();
     }
 
     #[test]
-    fn unknown_keys_are_errors() {
-        let err = toml::from_str::<FileConfig>("[bucket]\nrat = 5.0\n").unwrap_err();
+    fn the_defaults_print_and_read_back_the_same() {
+        let printed = Config::default().to_toml().unwrap();
+        let read: Config = toml::from_str(&printed).unwrap();
+        assert_eq!(read.to_toml().unwrap(), printed);
+        assert!(printed.contains("commit_window = \"2ms\""), "{printed}");
+        read.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors_naming_the_key() {
+        let err = toml::from_str::<Config>("[bucket]\nrat = 5.0\n").unwrap_err();
         assert!(err.to_string().contains("rat"), "{err}");
-        assert!(toml::from_str::<FileConfig>("[buckt]\n").is_err());
+        assert!(toml::from_str::<Config>("[buckt]\n").is_err());
+        assert!(toml::from_str::<Config>("[store]\ncommit_window = \"soon\"\n").is_err());
+        for (text, key) in [
+            ("[store]\nmax_batch = 0\n", "store.max_batch"),
+            (
+                "[store]\njournal_segment_bytes = 100\n",
+                "store.journal_segment_bytes",
+            ),
+            (
+                "[store]\njournal_segment_age = \"0s\"\n",
+                "store.journal_segment_age",
+            ),
+            ("[bucket]\nrate = 0.0\n", "bucket"),
+        ] {
+            let err = toml::from_str::<Config>(text)
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            let message = err.to_string();
+            assert!(message.starts_with("config_invalid: "), "{message}");
+            assert!(message.contains(key), "{text}: {message}");
+        }
     }
 }

@@ -84,20 +84,31 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::warn!(%error, "cannot turn transparent huge pages off");
     }
-    let config = match serve.config() {
-        Ok(config) => retry_budget::server::ServerConfig {
-            runtime_idle: Some(idle),
-            ..config
-        },
+    let mut config = match serve.config() {
+        Ok(config) => config,
         Err(error) => {
             tracing::error!(%error, "cannot start");
             return ExitCode::from(2);
         }
     };
-    let listener = match tokio::net::TcpListener::bind(serve.listen).await {
+    if serve.print_config {
+        return match config.to_toml() {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot print the configuration");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    config.store.runtime_idle = Some(idle);
+    let addr = config.server.listen;
+    let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => listener,
         Err(error) => {
-            tracing::error!(%error, addr = %serve.listen, "cannot listen");
+            tracing::error!(%error, %addr, "cannot listen");
             return ExitCode::FAILURE;
         }
     };

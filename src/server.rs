@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,78 +18,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
-use crate::bucket::{BucketConfig, BucketConfigError, FairBucket, RetryTokenLayer};
-use crate::budget::activity::{Defaults, Policy};
-use crate::budget::classify::{RuleError, RuleSet, RuleSpec};
+use crate::bucket::{BucketConfigError, FairBucket, RetryTokenLayer};
+use crate::budget::activity::Defaults;
+use crate::budget::classify::{RuleError, RuleSet};
+use crate::config::Config;
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
-use crate::store::{RedbStore, RedbStoreOptions, RuntimeIdle, Store, StoreError};
+use crate::store::{RedbStore, Store, StoreError};
 
 mod incoming;
-
-/// Everything the server needs besides its listener and shutdown signal.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Where the embedded store keeps its file.
-    pub data_dir: PathBuf,
-    /// The most decisions one group commit (one fsync) carries.
-    pub max_batch: usize,
-    /// Under load, the least time from one group commit to the next.
-    pub commit_window: Duration,
-    /// A journal segment this large is checkpointed into the database.
-    pub journal_segment_bytes: u64,
-    /// A journal segment this old is checkpointed even when small.
-    pub journal_segment_age: Duration,
-    /// The policy of activities whose first report names none.
-    pub default_policy: Policy,
-    /// How long a closed (or expired) activity is kept before it is purged.
-    pub retention: Duration,
-    /// How often the retention sweeper runs.
-    pub sweep_interval: Duration,
-    /// How long health says `NOT_SERVING` before the listener closes.
-    pub drain_delay: Duration,
-    /// How long calls in flight may take to finish after the listener closes.
-    pub grace_period: Duration,
-    /// The global retry-token bucket and its tenant weights.
-    pub bucket: BucketConfig,
-    /// The operator's classification rules, tried before the defaults.
-    pub classification_rules: Vec<RuleSpec>,
-    /// The longest delay a server's hint may ask for.
-    pub max_hint: Duration,
-    /// Set by the binary, whose runtime calls it when a worker parks: ends
-    /// a group commit's window when no more decisions are coming.
-    pub runtime_idle: Option<RuntimeIdle>,
-}
-
-impl ServerConfig {
-    /// The documented defaults, with the store under `data_dir` (the
-    /// store's own defaults for its journal).
-    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        let store = RedbStoreOptions::new(data_dir);
-        Self {
-            max_batch: store.max_batch,
-            commit_window: store.commit_window,
-            journal_segment_bytes: store.segment_bytes,
-            journal_segment_age: store.segment_age,
-            data_dir: store.data_dir,
-            default_policy: Policy {
-                max_attempts: 5,
-                deadline_seconds: 3600,
-                base: None,
-                cap: None,
-            },
-            retention: Duration::from_secs(7 * 24 * 3600),
-            sweep_interval: Duration::from_secs(60),
-            drain_delay: Duration::from_secs(2),
-            grace_period: Duration::from_secs(10),
-            bucket: BucketConfig::default(),
-            classification_rules: Vec::new(),
-            max_hint: Duration::from_secs(3600),
-            runtime_idle: None,
-        }
-    }
-}
 
 /// The server failed to start or to serve.
 #[derive(Debug, thiserror::Error)]
@@ -118,16 +55,10 @@ pub enum ServerError {
 /// [`ServerError`] when the store cannot be opened or the transport fails.
 pub async fn run(
     listener: TcpListener,
-    config: ServerConfig,
+    config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let mut options = RedbStoreOptions::new(&config.data_dir);
-    options.max_batch = config.max_batch;
-    options.commit_window = config.commit_window;
-    options.segment_bytes = config.journal_segment_bytes;
-    options.segment_age = config.journal_segment_age;
-    options.runtime_idle.clone_from(&config.runtime_idle);
-    let store = RedbStore::open(&options)?;
+    let store = RedbStore::open(&config.store.redb_options())?;
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.
     let counted = store.clone();
@@ -150,17 +81,17 @@ pub async fn run(
 pub async fn serve<S: Store>(
     listener: TcpListener,
     store: S,
-    config: ServerConfig,
+    config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let local = listener
         .local_addr()
         .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string());
     let defaults = Defaults {
-        policy: config.default_policy,
-        max_hint_ms: u64::try_from(config.max_hint.as_millis()).unwrap_or(u64::MAX),
+        policy: config.policy.policy(),
+        max_hint_ms: config.hints.max_hint_ms(),
     };
-    let rules = Arc::new(RuleSet::new(config.classification_rules.clone())?);
+    let rules = Arc::new(RuleSet::new(config.classification.rules.clone())?);
     let ledger = Arc::new(Ledger::new(store, defaults));
     let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
@@ -178,8 +109,8 @@ pub async fn serve<S: Store>(
 
     let sweeper = tokio::spawn(sweep(
         Arc::clone(&ledger),
-        config.retention,
-        config.sweep_interval,
+        config.store.retention,
+        config.store.sweep_interval,
     ));
 
     let service = RetryBudgetService::new(
@@ -205,8 +136,8 @@ pub async fn serve<S: Store>(
         service = SERVICE_NAME,
         retry_rate = config.bucket.rate,
         retry_burst = config.bucket.burst,
-        max_batch = config.max_batch,
-        commit_window = ?config.commit_window,
+        max_batch = config.store.max_batch,
+        commit_window = ?config.store.commit_window,
         "serving"
     );
 
@@ -218,7 +149,7 @@ pub async fn serve<S: Store>(
         () = shutdown => {}
     }
 
-    tracing::info!(drain_delay = ?config.drain_delay, "draining: health NOT_SERVING, new calls refused");
+    tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
     draining.start();
     health
         .set_not_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
@@ -230,17 +161,17 @@ pub async fn serve<S: Store>(
 
     // Keep answering (health says NOT_SERVING, calls are refused) so that a
     // mesh notices before connections go away.
-    if tokio::time::timeout(config.drain_delay, &mut serving)
+    if tokio::time::timeout(config.server.drain_delay, &mut serving)
         .await
         .is_ok()
     {
         return Ok(());
     }
     stop.cancel();
-    match tokio::time::timeout(config.grace_period, &mut serving).await {
+    match tokio::time::timeout(config.server.grace_period, &mut serving).await {
         Ok(result) => result.map_err(Into::into),
         Err(_) => {
-            tracing::warn!(grace_period = ?config.grace_period, "calls still in flight after the grace period; stopping");
+            tracing::warn!(grace_period = ?config.server.grace_period, "calls still in flight after the grace period; stopping");
             Ok(())
         }
     }

@@ -243,7 +243,7 @@ async fn operator_rules_come_first_and_can_be_scoped_to_a_tenant() {
         "#,
     )
     .unwrap();
-    let server = TestServer::start_with(|c| c.classification_rules = vec![rule]).await;
+    let server = TestServer::start_with(|c| c.classification.rules = vec![rule]).await;
     let mut client = server.client().await;
     let conflict = || failed("order-1", 1, http(409, pb::Safety::Idempotent), 3600);
     let r = client
@@ -300,7 +300,7 @@ async fn an_invalid_rule_stops_the_server_from_starting() {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut config = common::config(dir.path());
-    config.classification_rules = vec![bad];
+    config.classification.rules = vec![bad];
     let err = retry_budget::server::run(listener, config, std::future::pending())
         .await
         .expect_err("a rule that matches nothing is refused");

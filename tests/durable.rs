@@ -171,7 +171,7 @@ async fn replay_returns_the_recorded_decision_and_writes_nothing_even_across_a_r
     let (data_dir, _keep) = server.stop_keep_dir().await;
 
     // Restart with another default policy: the recorded decision stands.
-    let server = TestServer::start_in(data_dir, |c| c.default_policy.max_attempts = 1).await;
+    let server = TestServer::start_in(data_dir, |c| c.policy.max_attempts = 1).await;
     let mut client = server.client().await;
     let again = client
         .next_action(at(report("replay", 1, Transient), *T0 + 999_000))
@@ -512,8 +512,8 @@ async fn tenants_never_mix() {
 #[tokio::test]
 async fn closed_and_expired_activities_are_purged_after_retention() {
     let server = TestServer::start_with(|c| {
-        c.retention = Duration::from_millis(200);
-        c.sweep_interval = Duration::from_millis(50);
+        c.store.retention = Duration::from_millis(200);
+        c.store.sweep_interval = Duration::from_millis(50);
     })
     .await;
     let mut client = server.client().await;
@@ -586,7 +586,7 @@ async fn concurrent_reports_of_one_activity_count_each_attempt_once() {
 
 #[tokio::test]
 async fn unset_policy_fields_take_the_service_defaults() {
-    let server = TestServer::start_with(|c| c.default_policy.deadline_seconds = 120).await;
+    let server = TestServer::start_with(|c| c.policy.deadline = Duration::from_secs(120)).await;
     let mut client = server.client().await;
     // Only max_attempts: proto3 sends deadline_seconds 0, which means "the
     // default", not "already past the deadline".
@@ -673,7 +673,7 @@ async fn the_journal_segment_size_decides_when_a_segment_is_checkpointed() {
     let hour = Duration::from_secs(3600);
 
     // The default size (16 MiB) holds 100 decisions.
-    let server = TestServer::start_with(|c| c.journal_segment_age = hour).await;
+    let server = TestServer::start_with(|c| c.store.journal_segment_age = hour).await;
     hundred_first_reports(&server).await;
     let generations = segment_generations(&server.data_dir);
     assert!(
@@ -687,8 +687,8 @@ async fn the_journal_segment_size_decides_when_a_segment_is_checkpointed() {
     // server runs. A segment grows to four times the size while a checkpoint
     // is slow, so even then 100 decisions (over 20 KiB) fill at least five.
     let server = TestServer::start_with(|c| {
-        c.journal_segment_bytes = 1 << 10;
-        c.journal_segment_age = hour;
+        c.store.journal_segment_bytes = 1 << 10;
+        c.store.journal_segment_age = hour;
     })
     .await;
     hundred_first_reports(&server).await;

@@ -123,7 +123,7 @@ async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_fligh
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut config = common::config(dir.path());
-    config.drain_delay = Duration::from_millis(1500);
+    config.server.drain_delay = Duration::from_millis(1500);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(server::serve(listener, store, config, async {
         let _ = stopped.await;
@@ -193,7 +193,8 @@ async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_fligh
 
 #[tokio::test]
 async fn a_stream_that_never_ends_does_not_hold_the_server_past_its_grace_period() {
-    let server = TestServer::start_with(|c| c.grace_period = Duration::from_millis(500)).await;
+    let server =
+        TestServer::start_with(|c| c.server.grace_period = Duration::from_millis(500)).await;
     let mut watch = HealthClient::new(server.channel().await)
         .watch(HealthCheckRequest {
             service: String::new(),
@@ -215,7 +216,7 @@ async fn a_connection_that_never_spoke_does_not_hold_the_drain() {
     // A grace period far longer than the drain may take: before the fix, a
     // connection waiting for its HTTP/2 preface (a TCP health check, a port
     // scan) held the server for all of it (hyperium/hyper#4170).
-    let server = TestServer::start_with(|c| c.grace_period = Duration::from_secs(20)).await;
+    let server = TestServer::start_with(|c| c.server.grace_period = Duration::from_secs(20)).await;
     let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     // And a client that spoke and then sat idle, which hyper drains itself.
     let mut idle = HealthClient::new(server.channel().await);

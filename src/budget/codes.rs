@@ -3,7 +3,8 @@
 //! constants, so a code can never drift between two places.
 //!
 //! Action codes are the reference `next_action` results; error codes start
-//! the message of an `INVALID_ARGUMENT` or `FAILED_PRECONDITION` status.
+//! the message of every refusal (`INVALID_ARGUMENT`, `FAILED_PRECONDITION`,
+//! `NOT_FOUND`, `UNAVAILABLE`), and of the errors the server stops on.
 
 /// A retry is scheduled.
 pub const SCHEDULE_RETRY: &str = "schedule_retry";
@@ -72,3 +73,41 @@ pub const ACTIVITY_PARKED: &str = "activity_parked";
 pub const ACTIVITY_NOT_PARKED: &str = "activity_not_parked";
 /// An activity the store does not hold.
 pub const ACTIVITY_NOT_FOUND: &str = "activity_not_found";
+
+// Server hints (`ServerHint.source`, `ServerHint.ignored`).
+
+/// Source: `Retry-After` as delay-seconds.
+pub const SOURCE_RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
+/// Source: `Retry-After` as an HTTP-date.
+pub const SOURCE_RETRY_AFTER_DATE: &str = "retry_after_date";
+/// Source: `grpc-retry-pushback-ms`.
+pub const SOURCE_GRPC_RETRY_PUSHBACK: &str = "grpc_retry_pushback";
+/// Source: `google.rpc.RetryInfo.retry_delay`.
+pub const SOURCE_RETRY_INFO: &str = "retry_info";
+
+/// Reason: `Retry-After` is neither delay-seconds nor an HTTP-date
+/// (garbage, a sign, a fraction, a wrong weekday...); ignored.
+pub const RETRY_AFTER_INVALID: &str = "retry_after_invalid";
+/// Reason: `Retry-After` is an HTTP-date but the response's `Date` is not;
+/// the date was measured against `occurred_at` instead.
+pub const DATE_INVALID: &str = "date_invalid";
+/// Reason: the `RetryInfo` delay is negative or not a valid `Duration`;
+/// ignored.
+pub const RETRY_INFO_INVALID: &str = "retry_info_invalid";
+/// Reason: a negative `grpc-retry-pushback-ms`, the server asking not to
+/// retry ([`Hint::do_not_retry`](super::hint::Hint::do_not_retry)).
+pub const GRPC_PUSHBACK_DO_NOT_RETRY: &str = "grpc_pushback_do_not_retry";
+
+// The server, its configuration and its edge.
+
+/// A call that arrived while the server drains (`UNAVAILABLE`): ask another
+/// replica.
+pub const SHUTTING_DOWN: &str = "shutting_down";
+/// Something unexpected failed inside the server (`INTERNAL`); the details
+/// are in its log, not in the answer.
+pub const INTERNAL: &str = "internal";
+/// The configuration file cannot be read.
+pub const CONFIG_UNREADABLE: &str = "config_unreadable";
+/// The configuration file, or a flag or variable, is not a valid
+/// configuration.
+pub const CONFIG_INVALID: &str = "config_invalid";

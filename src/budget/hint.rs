@@ -31,27 +31,11 @@
 
 use std::time::UNIX_EPOCH;
 
-/// Source: `Retry-After` as delay-seconds.
-pub const SOURCE_RETRY_AFTER_SECONDS: &str = "retry_after_seconds";
-/// Source: `Retry-After` as an HTTP-date.
-pub const SOURCE_RETRY_AFTER_DATE: &str = "retry_after_date";
-/// Source: `grpc-retry-pushback-ms`.
-pub const SOURCE_GRPC_RETRY_PUSHBACK: &str = "grpc_retry_pushback";
-/// Source: `google.rpc.RetryInfo.retry_delay`.
-pub const SOURCE_RETRY_INFO: &str = "retry_info";
-
-/// Reason: `Retry-After` is neither delay-seconds nor an HTTP-date
-/// (garbage, a sign, a fraction, a wrong weekday...); ignored.
-pub const RETRY_AFTER_INVALID: &str = "retry_after_invalid";
-/// Reason: `Retry-After` is an HTTP-date but the response's `Date` is not;
-/// the date was measured against `occurred_at` instead.
-pub const DATE_INVALID: &str = "date_invalid";
-/// Reason: the `RetryInfo` delay is negative or not a valid `Duration`;
-/// ignored.
-pub const RETRY_INFO_INVALID: &str = "retry_info_invalid";
-/// Reason: a negative `grpc-retry-pushback-ms`, the server asking not to
-/// retry ([`Hint::do_not_retry`]).
-pub const GRPC_PUSHBACK_DO_NOT_RETRY: &str = "grpc_pushback_do_not_retry";
+pub use super::codes::{
+    DATE_INVALID, GRPC_PUSHBACK_DO_NOT_RETRY, RETRY_AFTER_INVALID, RETRY_INFO_INVALID,
+    SOURCE_GRPC_RETRY_PUSHBACK, SOURCE_RETRY_AFTER_DATE, SOURCE_RETRY_AFTER_SECONDS,
+    SOURCE_RETRY_INFO,
+};
 
 /// The largest `Duration.seconds` protobuf allows (10 000 years).
 const MAX_DURATION_SECONDS: i64 = 315_576_000_000;

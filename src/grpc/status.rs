@@ -9,6 +9,7 @@
 use tonic::Status;
 
 use crate::budget::activity::{BudgetError, ErrorKind};
+use crate::budget::codes;
 use crate::ledger::LedgerError;
 use crate::store::StoreError;
 
@@ -32,7 +33,10 @@ impl From<StoreError> for Status {
             }
             StoreError::Corrupt { .. } => {
                 tracing::error!(error = %err, "stored record cannot be read");
-                Status::internal("internal: a stored record cannot be read; see the server log")
+                Status::internal(format!(
+                    "{}: a stored record cannot be read; see the server log",
+                    codes::INTERNAL
+                ))
             }
         }
     }
@@ -49,5 +53,8 @@ impl From<LedgerError> for Status {
 
 /// The status of a call that arrives while the server drains.
 pub(super) fn draining() -> Status {
-    Status::unavailable("shutting_down: the server is draining; ask another replica")
+    Status::unavailable(format!(
+        "{}: the server is draining; ask another replica",
+        codes::SHUTTING_DOWN
+    ))
 }

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use retry_budget::config::Config;
 use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
-use retry_budget::server::{self, ServerConfig, ServerError};
+use retry_budget::server::{self, ServerError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
@@ -26,12 +27,12 @@ pub struct TestServer {
 /// The configuration tests start from: a temp dir, no drain delay, and a
 /// retry-token bucket too large to defer anything (tests of the bucket set
 /// their own).
-pub fn config(data_dir: impl Into<PathBuf>) -> ServerConfig {
-    let mut config = ServerConfig::new(data_dir);
+pub fn config(data_dir: impl Into<PathBuf>) -> Config {
+    let mut config = Config::with_data_dir(data_dir);
     config.bucket.rate = 1_000_000.0;
     config.bucket.burst = 1_000_000;
-    config.drain_delay = Duration::ZERO;
-    config.grace_period = Duration::from_secs(5);
+    config.server.drain_delay = Duration::ZERO;
+    config.server.grace_period = Duration::from_secs(5);
     config
 }
 
@@ -42,7 +43,7 @@ impl TestServer {
     }
 
     /// Starts a server after `tweak` adjusts the test configuration.
-    pub async fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> Self {
+    pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut server = Self::start_in(dir.path().to_path_buf(), tweak).await;
         server._dir = Some(dir);
@@ -50,7 +51,7 @@ impl TestServer {
     }
 
     /// Starts a server on an existing data directory (to test restarts).
-    pub async fn start_in(data_dir: PathBuf, tweak: impl FnOnce(&mut ServerConfig)) -> Self {
+    pub async fn start_in(data_dir: PathBuf, tweak: impl FnOnce(&mut Config)) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");

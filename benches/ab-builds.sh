@@ -6,7 +6,7 @@
 # server's `group commit totals` line), the server's peak RSS (VmHWM), the
 # CPU a request of each server thread, and the cores the hypervisor stole
 # from the guest meanwhile (a window with much steal is not comparable).
-# Used for the A/B comparisons in docs/benchmarks-log.md ("Findings").
+# BENCHMARKS.md's "tried, and not enough" figures come from such A/Bs.
 #
 #   benches/ab-builds.sh SERVER_A SERVER_B [SERVER_C ...] [server flags...]
 #
@@ -14,8 +14,8 @@
 # that several variants share each phase of the machine's speed. The builds
 # are the arguments before the first one that starts with "-". A build may
 # be a wrapper script that sets the environment and `exec`s a binary (the
-# process id stays the server's), such as the variants of
-# benches/patches/journal-variants.patch.
+# process id stays the server's), such as a scratch variant of the journal
+# that skips its fsync or its checkpoint.
 #
 # Environment: SCEN (default durable-next-action), ROUNDS (3), DUR (window,
 # seconds; 4), CONC (streams; 128), CONN (connections; 4), B_BATCH (thread

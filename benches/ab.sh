@@ -3,8 +3,8 @@
 # server process and prints, after each, the throughput, the server CPU per
 # request, and the CPU each server thread has used so far (from
 # /proc/PID/task/*/schedstat), so that the journal writer and the checkpoint
-# thread can be told apart from the request worker. Used for the experiments
-# in docs/benchmarks-log.md ("Findings"); benches/run.sh is the full benchmark.
+# thread can be told apart from the request worker. For quick experiments on
+# one server; benches/run.sh is the full benchmark.
 #
 #   SCEN="pure-next-action durable-next-action" DUR=3 benches/ab.sh [server flags...]
 #

@@ -15,8 +15,8 @@
 # two profiles over the difference in requests: allocations and bytes a
 # request, and the sites that make them, with the server's start, warm-up
 # and shutdown left out. Counts, not time: they do not depend on what else
-# the machine runs ("The AMD machine's thirteenth sitting" in
-# docs/benchmarks-log.md).
+# the machine runs, so a change of a few percent shows here where pairs of
+# timed windows on a shared VM cannot show it.
 set -euo pipefail
 
 SECONDS_WINDOW=5

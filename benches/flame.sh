@@ -70,8 +70,8 @@ for s in "${SCENARIOS[@]:1}"; do
   inferno-diff-folded --normalize "$OUT/$first.folded" "$OUT/$s.folded" |
     inferno-flamegraph --title "$s against $first: red more, blue less (share of samples)" \
       >"$OUT/$s-vs-$first.svg"
-  # Where the extra CPU goes, in us a request: the tables of the flame-graph
-  # findings in docs/benchmarks-log.md.
+  # Where the extra CPU goes, in us a request (the split of a durable
+  # decision's extra CPU in BENCHMARKS.md).
   python3 "$(dirname "$0")/flame_split.py" "$OUT" "$first" "$s"
 done
 echo "flame graphs in $OUT" >&2

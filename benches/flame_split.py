@@ -23,7 +23,7 @@ microseconds a request, for each and the difference:
 With --threads, one line for SCENARIO alone: its server CPU a request, in
 all and by thread (what flame.sh prints after sampling each scenario).
 
-These are the tables of the flame-graph findings in docs/benchmarks-log.md.
+BENCHMARKS.md's split of a durable decision's extra CPU is such a table.
 perf's DWARF unwinding slows a server that switches threads more than one
 that does not, so read the split and the differences, not the totals.
 """

@@ -43,7 +43,7 @@ OUT=""
 # Servers listen on ports from here up, below the kernel's range of
 # ephemeral ports (32768-60999 by default): from 50170 up, a port that a
 # client connection of an earlier step still held made a server fail to
-# start (run W, "Address already in use").
+# start ("Address already in use").
 PORT=${BENCH_PORT:-21170}
 STORED_BIG=""
 NICE=0
@@ -67,7 +67,7 @@ if [ "$QUICK" = 1 ]; then
 else
   WARMUP=${BENCH_WARMUP:-2}; DURATION=${BENCH_DURATION:-6}; STORED_BIG=${STORED_BIG:-1000000}
 fi
-# Three shorter reps rather than two long ones (8 s until run AG): a ratio
+# Three shorter reps of 6 s rather than two of 8 s: a ratio
 # is judged on pairs of windows next to each other in time, and more pairs
 # average out more of a shared machine's changes of speed.
 REPS=${BENCH_REPS:-3}
@@ -335,7 +335,8 @@ stop_server
 # durable figure is judged against pure NextAction measured on the same
 # server just before it (it touches no store), so that the two share the
 # machine's phase: minutes apart, the speed of a shared VM can move by more
-# than the difference being measured (runs AF and AG, docs/benchmarks-log.md).
+# than the difference being measured (a third, on the 2-core VMs of
+# BENCHMARKS.md).
 log "(4)-(5) durable NextAction, each after pure NextAction on its server: group commit vs --max-batch 1 (x$REPS)"
 for rep in $(seq 1 "$REPS"); do
   start_server durable/group-commit "$WORK/gc-$rep"

@@ -27,17 +27,17 @@ NOISY_CORES = 0.25
 # with nearly as much send lag were seen on the 2-core VM). A request that
 # waits for an idle client because the server is slow to answer is the
 # server's latency, and counts: the pacer's lag leaves that wait out, and
-# (since run Y) the lateness the due times after it inherit from it.
+# the lateness the due times after it inherit from it.
 # Results from before the loadgen reported `pacer_lag_us` fall back on
 # `send_lag_us`, which includes it.
 #
 # 100 us: the p99s compared at half saturation are 300 to 560 us where the
-# generator kept its schedule (runs W and X), and the target allows a
-# quarter more, about 100 us. A generator later than that at its own p99
-# can make or hide the difference being judged: in run X, windows whose
-# pacer was 293 and 374 us late at p99 measured 2.0 and 2.7 ms p99, where
-# every window with the pacer under 100 us measured 0.30 to 0.56 ms. (It was
-# 1 ms until run X.)
+# generator kept its schedule, and the target allows a quarter more, about
+# 100 us. A generator later than that at its own p99 can make or hide the
+# difference being judged: in one run, windows whose pacer was 293 and
+# 374 us late at p99 measured 2.0 and 2.7 ms p99, where every window with
+# the pacer under 100 us measured 0.30 to 0.56 ms. (An earlier bound of
+# 1 ms let such windows through.)
 LATE_SENDS_US = 100
 
 
@@ -104,8 +104,9 @@ def clean(rec):
 
 def host_stall_rows(runs):
     """The open-loop windows that carry the stall meter's figures (run.sh
-    records them since run DD): (label, rep, record, server core's, generator
-    core's), the server on CPU 0 and the generator on CPU 1."""
+    records them where cyclictest is installed; older results files have
+    none): (label, rep, record, server core's, generator core's), the server
+    on CPU 0 and the generator on CPU 1."""
     return [
         (label, i + 1, r, r["host_stalls"]["cpu0"], r["host_stalls"]["cpu1"])
         for label, recs in sorted(runs.items())
@@ -202,8 +203,8 @@ def verdicts(runs, servers):
     target("pure NextAction / health throughput", "closed/pure-next-action", "closed/health", throughput, ">=", 0.90, "req/s")
     target("RetryDelay / health p99 at half saturation", "open/retry-delay", "open/health", p99, "<=", 1.25, "us")
     target("pure NextAction / health p99 at half saturation", "open/pure-next-action", "open/health", p99, "<=", 1.25, "us")
-    # Since run AH, pure NextAction is measured again on each durable
-    # server, just before its durable window; older files compare with the
+    # run.sh measures pure NextAction again on each durable server, just
+    # before its durable window; older results files compare with the
     # closed loops of step (1)-(3), minutes earlier.
     pure = "durable/pure-next-action" if "durable/pure-next-action" in runs else "closed/pure-next-action"
     same = " (same server)" if pure.startswith("durable/") else ""
@@ -310,7 +311,7 @@ def main():
     if threads:
         print(f"  {'group':<26} " + " ".join(f"{t:>16}" for t in threads) + f" {'kernel':>7} {'faults':>7}")
     else:
-        print("  (not in this file: the load generator records them since run I)")
+        print("  (not in this file: older results files lack them)")
     for label in sorted(runs):
         recs = [r for r in runs[label]
                 if r.get("mode") == "closed" and r.get("server_thread_cpu_us_per_request")]
@@ -339,7 +340,7 @@ def main():
     if stalls:
         print()
         print("the host's stalls in the open-loop windows: wake-ups of a real-time thread on each core")
-        print("(cyclictest, every 4 ms since run DE, every 1 ms in run DD) that came 1 ms late or more,")
+        print("(cyclictest, every 4 ms; every 1 ms in the first files that carry them) that came 1 ms late or more,")
         print("and the latest (ms), beside the window's p99 and its generator's own p99 lateness (us):")
         print(f"  {'group':<26} {'rep':>3} {'p99':>7} {'pacer':>6}   {'server core':>11} {'latest':>6}"
               f"   {'generator core':>14} {'latest':>6}")

@@ -3,7 +3,7 @@
 one event (instructions) or with the cache simulation's nine, and how the
 simulated last-level misses are put down to functions and to the callers of
 the function that misses most. The cache-simulation figures in
-docs/benchmarks-log.md rest on these rules.
+BENCHMARKS.md rest on these rules.
 
 Run: python3 benches/test_callgrind_summary.py (tests/bench_summary.rs runs
 it under `cargo test`).

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tests of benches/dhat_summary.py: how two DHAT profiles of the server
 become allocations and bytes a request, and how an allocation site is
-named. The "what a call allocates" figures in docs/benchmarks-log.md rest on
-these rules.
+named. The allocations a call quoted in BENCHMARKS.md and docs/design.md
+rest on these rules.
 
 Run: python3 benches/test_dhat_summary.py (tests/bench_summary.rs runs it
 under `cargo test`).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of benches/flame_split.py: how folded stacks are split into the
 handler, the kernel and the shared stack, and counted in microseconds a
-request. The flame-graph tables in docs/benchmarks-log.md rest on these rules.
+request. The flame-graph split in BENCHMARKS.md rests on these rules.
 
 Run: python3 benches/test_flame_split.py (tests/bench_summary.rs runs it
 under `cargo test`).

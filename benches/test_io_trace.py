@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Tests of benches/io_trace.py: how a trace is split into each fsync's disk
-and CPU parts, and the server's idle time by what it waited on. The
-"fsync under load" and "where the idle time goes" figures in
-docs/benchmarks-log.md rest on these rules.
+and CPU parts, and the server's idle time by what it waited on, as
+`benches/io-trace.sh` prints them.
 
 Run: python3 benches/test_io_trace.py (tests/bench_summary.rs runs it under
 `cargo test`).

@@ -11,7 +11,9 @@ use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small buffers, often on different threads (a record built on a
-/// runtime worker is dropped by the checkpoint thread). See BENCHMARKS.md.
+/// runtime worker is dropped by the checkpoint thread), which the system
+/// allocator serves through contended arenas (`benches/alloc.sh` and
+/// `ab-builds.sh` compare the two).
 /// The `system-allocator` feature leaves it out, for tools that see only
 /// `malloc` (valgrind's DHAT in `benches/alloc.sh`).
 #[cfg(not(feature = "system-allocator"))]
@@ -38,9 +40,10 @@ fn main() -> ExitCode {
 /// completes its response wakes the connection's task, which then ran at
 /// once and wrote that one response: 0.8 `writev` a request. Without it,
 /// the connection's task runs after the streams that are ready and writes
-/// their responses together (0.03 a request). Measured on the 2-core VM
-/// (docs/benchmarks-log.md, "The runtime's LIFO slot"): server CPU a request 9.2 ->
-/// 6.7 us for a health check, 10.2 -> 7.4 us for a pure NextAction.
+/// their responses together (0.03 a request). On a 2-core VM, server CPU a
+/// request went from 9.2 to 6.7 us for a health check and from 10.2 to
+/// 7.4 us for a pure NextAction (`benches/ab-builds.sh` of a build with the
+/// slot against one without; `benches/io-trace.sh` counts the `writev`s).
 ///
 /// A worker about to park tells the store (`idle`): saves waiting out a
 /// group commit's window are then committed at once (see `RuntimeIdle`).
@@ -79,7 +82,7 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
     // is then zeroed whole when it faults in again after a purge. Without
     // them, in the durable benchmark, the peak RSS was 134 MiB instead of 150
     // to 155 and the server CPU a decision 17.2 to 17.9 us instead of 18.5
-    // to 18.9 (three pairs of 4 s windows; BENCHMARKS.md).
+    // to 18.9 (`ROUNDS=3 DUR=4 benches/ab-builds.sh` of the two builds).
     #[cfg(target_os = "linux")]
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::warn!(%error, "cannot turn transparent huge pages off");

@@ -17,8 +17,8 @@
 //! bytes, so the 8 KiB buffers only spread each call's bytes over more
 //! memory: a durable decision's response buffer stays allocated until h2
 //! has written it, a group's worth (about 65 at 128 streams) at once after
-//! each fsync. With 1 KiB a call allocates 9.1 KB instead of 23.6 (valgrind's
-//! DHAT, pure NextAction; see docs/benchmarks-log.md).
+//! each fsync. With 1 KiB a call allocates 9.1 KB instead of 23.6
+//! (`benches/alloc.sh pure-next-action`, valgrind's DHAT).
 
 use std::marker::PhantomData;
 

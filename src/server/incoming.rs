@@ -30,7 +30,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 /// keeps the kernel's default). With Nagle's algorithm on, a small response
 /// written while another is still unacknowledged waits for the client's
 /// delayed ACK: stalls of about 40 ms, seen as the p99.9 of the durable
-/// benchmark (BENCHMARKS.md).
+/// benchmark (`benches/run.sh`).
 pub(super) fn incoming(
     listener: TcpListener,
     stop: CancellationToken,

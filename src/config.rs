@@ -383,9 +383,16 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_example_parses_and_is_valid() {
-        let config: Config =
-            toml::from_str(&documented(include_str!("../README.md"), "```toml\n")).unwrap();
+    fn the_readme_shows_the_defaults_and_a_valid_example() {
+        let readme = include_str!("../README.md");
+        let defaults = documented(readme, "```toml\n");
+        assert_eq!(
+            defaults,
+            Config::default().to_toml().unwrap(),
+            "README's defaults block: paste `retry-budget --print-config`"
+        );
+        let rest = &readme[readme.find(&defaults).expect("found") + defaults.len()..];
+        let config: Config = toml::from_str(&documented(rest, "```toml\n")).unwrap();
         config.validate().unwrap();
         assert_eq!(config.bucket.weights.get("checkout"), Some(&3));
     }

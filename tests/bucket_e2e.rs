@@ -6,6 +6,8 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{TestServer, get, ms, pb, report, ts, with_tenant};
@@ -32,16 +34,21 @@ async fn three_saturated_tenants_get_their_weighted_shares_through_the_server() 
         c.bucket.weights.insert("gold".into(), 2);
     })
     .await;
-    let run = Duration::from_secs(4);
+    // Until 160 tokens were granted (about 4 s at 40/s), however long that
+    // takes on a loaded machine: the shares are judged by count, and the
+    // rate only from above, which slowness cannot break.
+    const TOKENS: u32 = 160;
+    let granted_in_all = Arc::new(AtomicU32::new(0));
     let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for tenant in ["gold", "silver", "bronze"] {
         // Four workers a tenant, each retrying as soon as it is told it may.
         for _ in 0..4 {
             let mut client = server.client().await;
+            let granted_in_all = Arc::clone(&granted_in_all);
             tasks.push(tokio::spawn(async move {
                 let mut granted = 0u32;
-                while started.elapsed() < run {
+                while granted_in_all.load(Ordering::Relaxed) < TOKENS {
                     let r = client
                         .next_action(with_tenant(pure(1), tenant))
                         .await
@@ -50,6 +57,7 @@ async fn three_saturated_tenants_get_their_weighted_shares_through_the_server() 
                     if r.code == "schedule_retry" {
                         assert!(r.token_taken);
                         granted += 1;
+                        granted_in_all.fetch_add(1, Ordering::Relaxed);
                     } else {
                         assert_eq!(r.code, "deferred");
                         assert!(!r.defer_reason.is_empty());
@@ -65,14 +73,23 @@ async fn three_saturated_tenants_get_their_weighted_shares_through_the_server() 
     }
     let mut grants: HashMap<&str, u32> = HashMap::new();
     for t in tasks {
-        let (tenant, n) = t.await.unwrap();
+        let (tenant, n) = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("160 tokens within two minutes")
+            .unwrap();
         *grants.entry(tenant).or_default() += n;
     }
+    let elapsed = started.elapsed().as_secs_f64();
     let total: u32 = grants.values().sum();
     let share = |t: &str| f64::from(grants[t]) / f64::from(total);
-    eprintln!("grants {grants:?} of {total}");
-    // 40/s for 4 s: about 160 tokens, split 2:1:1.
-    assert!((120..=200).contains(&total), "total {total}");
+    eprintln!("grants {grants:?} of {total} in {elapsed:.1} s");
+    // Never faster than 40/s after the one token of the burst (with the
+    // same quarter of slack as a 200-in-4-s bound).
+    assert!(
+        f64::from(total) <= 1.0 + 50.0 * elapsed,
+        "{total} tokens in {elapsed:.1} s"
+    );
+    // Split 2:1:1.
     assert!((share("gold") - 0.5).abs() < 0.08, "{grants:?}");
     assert!((share("silver") - 0.25).abs() < 0.08, "{grants:?}");
     assert!((share("bronze") - 0.25).abs() < 0.08, "{grants:?}");
@@ -162,8 +179,11 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
         "slots one second apart, got {gap} ms"
     );
 
-    // At its slot, b's retry is granted from the booking.
-    tokio::time::sleep(Duration::from_millis((b_at - now_ms()).max(0) as u64 + 20)).await;
+    // At its slot, b's retry is granted from the booking. The server's
+    // clock is this process's: wait until it reaches the slot it gave.
+    while now_ms() < b_at {
+        tokio::time::sleep(Duration::from_millis((b_at - now_ms()).max(1) as u64)).await;
+    }
     let granted = client
         .next_action(durable("b", 1, 3600))
         .await

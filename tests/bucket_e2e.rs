@@ -29,15 +29,18 @@ fn pure(attempts: u32) -> pb::NextActionRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_saturated_tenants_get_their_weighted_shares_through_the_server() {
     let server = TestServer::start_with(|c| {
-        c.bucket.rate = 40.0;
+        c.bucket.rate = 10.0;
         c.bucket.burst = 1;
         c.bucket.weights.insert("gold".into(), 2);
     })
     .await;
-    // Until 160 tokens were granted (about 4 s at 40/s), however long that
-    // takes on a loaded machine: the shares are judged by count, and the
-    // rate only from above, which slowness cannot break.
-    const TOKENS: u32 = 160;
+    // Shares mean something only while every tenant is saturated: the rate
+    // is low enough that twelve workers saturate it on a loaded machine (at
+    // 40/s, six copies of this test on two cores took 28 tokens a second,
+    // and the split drifted to 40:30:30). It runs until 64 tokens were
+    // granted (about 6.4 s), however long that takes: the shares are judged
+    // by count, and the rate only from above, which slowness cannot break.
+    const TOKENS: u32 = 64;
     let granted_in_all = Arc::new(AtomicU32::new(0));
     let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
@@ -83,10 +86,10 @@ async fn three_saturated_tenants_get_their_weighted_shares_through_the_server() 
     let total: u32 = grants.values().sum();
     let share = |t: &str| f64::from(grants[t]) / f64::from(total);
     eprintln!("grants {grants:?} of {total} in {elapsed:.1} s");
-    // Never faster than 40/s after the one token of the burst (with the
-    // same quarter of slack as a 200-in-4-s bound).
+    // Never faster than 10/s after the one token of the burst (with a
+    // quarter of slack).
     assert!(
-        f64::from(total) <= 1.0 + 50.0 * elapsed,
+        f64::from(total) <= 1.0 + 12.5 * elapsed,
         "{total} tokens in {elapsed:.1} s"
     );
     // Split 2:1:1.

@@ -121,6 +121,8 @@ async fn drained(
     let server = TestServer::start_with(|c| {
         c.bucket.rate = rate;
         c.bucket.burst = 1;
+        // At least one token interval, as the configuration requires.
+        c.bucket.max_reservation_ms = c.bucket.max_reservation_ms.max((1000.0 / rate) as u64);
     })
     .await;
     let mut client = server.client().await;
@@ -202,8 +204,9 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
 
 #[tokio::test]
 async fn a_slot_past_the_deadline_is_deadline_exceeded_and_a_dry_run_takes_nothing() {
-    // A token every 2 s, and the one in the bucket spent.
-    let (_server, mut client) = drained(0.5).await;
+    // A token every 100 s (far longer than this test, however slow the
+    // machine), and the one in the bucket spent.
+    let (_server, mut client) = drained(0.01).await;
 
     // A dry run of a retry with an empty bucket: what a report would get,
     // without taking or writing anything.
@@ -221,7 +224,7 @@ async fn a_slot_past_the_deadline_is_deadline_exceeded_and_a_dry_run_takes_nothi
         .expect_err("a dry run writes nothing");
     assert_eq!(missing.code(), tonic::Code::NotFound);
 
-    // The next slot is 2 s away; a deadline of 1 s cannot wait for it.
+    // The next slot is 100 s away; a deadline of 1 s cannot wait for it.
     let late = client
         .next_action(durable("late", 1, 1))
         .await
@@ -240,11 +243,12 @@ async fn a_slot_past_the_deadline_is_deadline_exceeded_and_a_dry_run_takes_nothi
 
 #[tokio::test]
 async fn each_success_earns_its_deposit_once() {
-    // A slow refill (one token in 2 s, longer than this test): only
-    // successes put tokens back.
+    // A slow refill (one token in 100 s, far longer than this test however
+    // slow the machine): only successes put tokens back.
     let server = TestServer::start_with(|c| {
-        c.bucket.rate = 0.5;
+        c.bucket.rate = 0.01;
         c.bucket.burst = 1;
+        c.bucket.max_reservation_ms = 100_000;
         c.bucket.success_deposit = 1.0;
     })
     .await;

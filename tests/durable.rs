@@ -107,8 +107,12 @@ async fn a_missing_time_is_stamped_once_and_recorded() {
         ms(r.not_before.as_ref().unwrap()),
         started + r.delay_ms as i64
     );
-    // The replay plans from the recorded stamp, not from a new clock reading.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The replay plans from the recorded stamp, not from a new clock
+    // reading: once the clock has moved past the stamp (the server's clock
+    // is this process's), a new stamp would plan another time.
+    while retry_budget::clock::now_ms() <= started {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let again = client
         .next_action(report("stamped", 1, Transient))
         .await

@@ -3,12 +3,14 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestServer, pb, report};
 use retry_budget::budget::activity::{ActivityKey, ActivityRecord};
 use retry_budget::server;
 use retry_budget::store::{RedbStore, RedbStoreOptions, Replaced, Store, StoreError};
+use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -85,15 +87,19 @@ async fn health_serves_both_names() {
     server.stop().await.unwrap();
 }
 
-/// The real store, with every save held for a while: it makes a call
-/// reliably be in flight when the drain starts.
+/// The real store, with every save held until the test lets it go: it
+/// makes a call be in flight when the drain starts, whatever the machine's
+/// speed.
 #[derive(Clone)]
-struct SlowSaves {
+struct HeldSaves {
     inner: RedbStore,
-    delay: Duration,
+    /// Told when a save arrives.
+    entered: Arc<Notify>,
+    /// Saves wait until this is true.
+    release: Arc<watch::Sender<bool>>,
 }
 
-impl Store for SlowSaves {
+impl Store for HeldSaves {
     async fn load(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
         self.inner.load(key).await
     }
@@ -102,7 +108,12 @@ impl Store for SlowSaves {
         record: ActivityRecord,
         replaces: Option<Replaced>,
     ) -> Result<(), StoreError> {
-        tokio::time::sleep(self.delay).await;
+        self.entered.notify_one();
+        let mut released = self.release.subscribe();
+        released
+            .wait_for(|open| *open)
+            .await
+            .expect("the test holds the sender");
         self.inner.save(record, replaces).await
     }
     async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {
@@ -113,17 +124,31 @@ impl Store for SlowSaves {
     }
 }
 
+/// Polls `check` until it holds, for at most 30 s.
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < give_up, "never {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SlowSaves {
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(watch::Sender::new(false));
+    let store = HeldSaves {
         inner: RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap(),
-        delay: Duration::from_millis(800),
+        entered: Arc::clone(&entered),
+        release: Arc::clone(&release),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // The drain window is real time (the server's sockets use hyper's
+    // timers): long enough for the checks below on a loaded machine.
     let mut config = common::config(dir.path());
-    config.server.drain_delay = Duration::from_millis(1500);
+    config.server.drain_delay = Duration::from_secs(3);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(server::serve(listener, store, config, async {
         let _ = stopped.await;
@@ -139,7 +164,7 @@ async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_fligh
         ServingStatus::Serving as i32
     );
 
-    // A call that is in flight (its save takes 800 ms) when the drain starts.
+    // A call that is in flight (its save held) when the drain starts.
     let in_flight = {
         let mut client = client.clone();
         tokio::spawn(async move {
@@ -148,10 +173,15 @@ async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_fligh
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the call reaches its save");
     let signalled = tokio::time::Instant::now();
     stop.send(()).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("NOT_SERVING", async || {
+        health(channel.clone(), "").await.unwrap() == ServingStatus::NotServing as i32
+    })
+    .await;
 
     for name in ["", "retrybudget.v1.RetryBudget"] {
         assert_eq!(
@@ -170,6 +200,8 @@ async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_fligh
         "{refused:?}"
     );
 
+    assert!(!in_flight.is_finished(), "its save is still held");
+    release.send_replace(true);
     let finished = in_flight
         .await
         .unwrap()

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use proptest::prelude::*;
 use retry_budget::budget::activity::{
@@ -27,7 +28,7 @@ use retry_budget::budget::activity::{
     Report, Resolution, Status,
 };
 use retry_budget::budget::hint::RawHints;
-use retry_budget::budget::{Action, ErrorClass};
+use retry_budget::budget::{Action, Admission, ErrorClass};
 use retry_budget::store::codec::{decode, encode_into};
 
 /// The service clock at the start of every history, unix milliseconds.
@@ -195,12 +196,24 @@ fn apply(record: Option<&ActivityRecord>, step: &Abs) -> Outcome {
                         );
                     }
                     if draft.wants_token() {
-                        match token {
-                            AbsToken::Grant => draft.grant(),
+                        // The bucket answers with a wait from now; slots
+                        // are drawn at or after now.
+                        let admission = match token {
+                            AbsToken::Grant => Admission::Granted,
                             AbsToken::Defer { slot_ms, booked } => {
-                                draft.defer(*slot_ms, "global_capacity_exhausted", *booked);
+                                let wait = Duration::from_millis((*slot_ms - *now).max(0) as u64);
+                                let reason = "global_capacity_exhausted";
+                                if *booked {
+                                    Admission::Deferred { wait, reason }
+                                } else {
+                                    Admission::Refused {
+                                        retry_after: wait,
+                                        reason,
+                                    }
+                                }
                             }
-                        }
+                        };
+                        draft.settle(admission, *now);
                     }
                     let (record, event) = draft.finish();
                     Outcome::Decided(record, event)

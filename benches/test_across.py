@@ -3,8 +3,8 @@
 judges, misses are marked, and the counts, medians and ranges below the
 table take only the runs that judged the target.
 
-Run: python3 benches/test_across.py (tests/bench_summary.rs runs it under
-`cargo test`).
+Run: python3 benches/test_across.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import json

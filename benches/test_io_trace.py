@@ -4,8 +4,8 @@ and CPU parts, and the server's idle time by what it waited on. The
 "fsync under load" and "where the idle time goes" figures in
 docs/benchmarks-log.md rest on these rules.
 
-Run: python3 benches/test_io_trace.py (tests/bench_summary.rs runs it under
-`cargo test`).
+Run: python3 benches/test_io_trace.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import os

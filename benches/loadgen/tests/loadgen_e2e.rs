@@ -4,6 +4,9 @@
 //! in BENCHMARKS.md come from this binary; a scenario that errored would
 //! measure error paths instead.
 
+// The service's own end-to-end helper (a real server on 127.0.0.1:0 with a
+// temp data dir), shared rather than copied.
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::TestServer;

@@ -11,7 +11,7 @@
 # The server runs on CPU 0 and the generator on CPU 1, at nice -10 (root),
 # on a fresh data directory; extra arguments go to the server (for example
 # --commit-window 0s or --max-batch 1). Needs release binaries
-# (cargo build --release --bins) and python3.
+# (cargo build --release --workspace --bins) and python3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}

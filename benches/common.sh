@@ -54,7 +54,7 @@ bench_setup() {
   trap bench_cleanup EXIT
   PIN0=(); PIN1=()
   if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 0); PIN1=(taskset -c 1); fi
-  (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
+  (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --workspace --bins --quiet)
   SERVER="$TARGET_DIR/release/retry-budget"
   LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 }

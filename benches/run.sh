@@ -138,7 +138,7 @@ PY
 }
 
 log "building release binaries (CARGO_TARGET_DIR=$TARGET_DIR)"
-(cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins --quiet)
+(cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --workspace --bins --quiet)
 SERVER="$TARGET_DIR/release/retry-budget"
 LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 

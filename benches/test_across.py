@@ -5,8 +5,8 @@ take only the runs that judged the target, a summary written by --write
 gives the same table as the results files it was written from, and the
 cost model takes each kind's median.
 
-Run: python3 benches/test_across.py (tests/bench_summary.rs runs it under
-`cargo test`).
+Run: python3 benches/test_across.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import json

@@ -5,8 +5,8 @@ simulated last-level misses are put down to functions and to the callers of
 the function that misses most. The cache-simulation figures in
 BENCHMARKS.md rest on these rules.
 
-Run: python3 benches/test_callgrind_summary.py (tests/bench_summary.rs runs
-it under `cargo test`).
+Run: python3 benches/test_callgrind_summary.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import os

@@ -4,8 +4,8 @@ become allocations and bytes a request, and how an allocation site is
 named. The allocations a call quoted in BENCHMARKS.md and docs/design.md
 rest on these rules.
 
-Run: python3 benches/test_dhat_summary.py (tests/bench_summary.rs runs it
-under `cargo test`).
+Run: python3 benches/test_dhat_summary.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import io

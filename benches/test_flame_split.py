@@ -3,8 +3,8 @@
 handler, the kernel and the shared stack, and counted in microseconds a
 request. The flame-graph split in BENCHMARKS.md rests on these rules.
 
-Run: python3 benches/test_flame_split.py (tests/bench_summary.rs runs it
-under `cargo test`).
+Run: python3 benches/test_flame_split.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import json

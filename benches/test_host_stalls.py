@@ -2,8 +2,8 @@
 """Tests of benches/host_stalls.py: how cyclictest's histogram becomes the
 stall figures of an open-loop window.
 
-Run: python3 benches/test_host_stalls.py (tests/bench_summary.rs runs it
-under `cargo test`).
+Run: python3 benches/test_host_stalls.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import json

@@ -3,8 +3,8 @@
 and CPU parts, and the server's idle time by what it waited on, as
 `benches/io-trace.sh` prints them.
 
-Run: python3 benches/test_io_trace.py (tests/bench_summary.rs runs it under
-`cargo test`).
+Run: python3 benches/test_io_trace.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import os

@@ -2,8 +2,8 @@
 """Tests of benches/slow_disk.py: how the windows of benches/slow-disk.sh
 become the durable targets' ratios per flush delay.
 
-Run: python3 benches/test_slow_disk.py (tests/bench_summary.rs runs it
-under `cargo test`).
+Run: python3 benches/test_slow_disk.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import io

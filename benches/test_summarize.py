@@ -3,8 +3,8 @@
 ratio pairs, which pairs it leaves out, and when it judges nothing. The
 figures in BENCHMARKS.md rest on these rules.
 
-Run: python3 benches/test_summarize.py (tests/bench_summary.rs runs it
-under `cargo test`).
+Run: python3 benches/test_summarize.py
+(benches/loadgen/tests/bench_summary.rs runs it under `cargo test --workspace`).
 """
 
 import os

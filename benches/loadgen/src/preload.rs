@@ -8,7 +8,7 @@
 //!
 //! Two paths give the same records:
 //! - online (`--target`): `NextAction` over gRPC, as fast as the server
-//!   goes; works against any store.
+//!   goes ([`crate::writes`]); works against any store.
 //! - offline (`--data-dir`): the library's own [`Ledger`] over a
 //!   [`RedbStore`] opened in the directory of a *stopped* server (redb
 //!   allows one process a file). Same code path minus gRPC, with group
@@ -22,16 +22,12 @@ use std::time::Instant;
 use crate::conn::Conn;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{ActivityKey, Defaults, Policy, Report};
-use retry_budget::grpc::TENANT_HEADER;
-use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use retry_budget::ledger::{Ledger, Unlimited};
 use retry_budget::store::{RedbStore, RedbStoreOptions};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use tonic::Request;
-use tonic::metadata::MetadataValue;
 
-use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, durable_report, now};
+use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS};
 use crate::{Args, LoadgenError};
 
 /// The server's default cap on hinted delays (1 h); preloaded reports carry
@@ -42,8 +38,11 @@ const MAX_HINT_MS: u64 = 3_600_000;
 /// writer's batches (1024 by default).
 const OFFLINE_CONCURRENCY: usize = 4096;
 
+/// The prefix of preloaded activity ids.
+const PREFIX: &str = "pre-";
+
 fn activity_id(i: u64) -> String {
-    format!("pre-{i:08}")
+    crate::writes::activity_id(PREFIX, i)
 }
 
 fn generous_policy() -> Policy {
@@ -55,13 +54,13 @@ fn generous_policy() -> Policy {
     }
 }
 
-fn summary(path: &str, activities: u64, failed: u64, started: Instant) -> Value {
+fn summary(activities: u64, started: Instant) -> Value {
     let seconds = started.elapsed().as_secs_f64();
     json!({
         "scenario": "preload",
-        "path": path,
+        "path": "offline",
         "activities": activities,
-        "failed": failed,
+        "failed": 0,
         "seconds": seconds,
         "activities_per_s": activities as f64 / seconds,
     })
@@ -128,36 +127,21 @@ pub async fn offline(
     tokio::task::spawn_blocking(move || drop(ledger))
         .await
         .map_err(|e| LoadgenError::Preload(e.to_string()))?;
-    Ok(summary("offline", activities, 0, started))
+    Ok(summary(activities, started))
 }
 
 /// Reports `--activities` first failures over gRPC, `--concurrency` at a
-/// time.
-pub async fn online(channels: &[Conn], args: &Args) -> Value {
-    let started = Instant::now();
-    let next = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let tenant = MetadataValue::try_from(args.tenant.as_str())
-        .unwrap_or_else(|_| MetadataValue::from_static("bench"));
-    let activities = args.activities;
-    let mut tasks = JoinSet::new();
-    for i in 0..args.concurrency.max(1) {
-        let mut client = RetryBudgetClient::new(channels[i % channels.len()].clone());
-        let (next, failed, tenant) = (Arc::clone(&next), Arc::clone(&failed), tenant.clone());
-        tasks.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= activities {
-                    return;
-                }
-                let mut request = Request::new(durable_report(activity_id(i), 1, now()));
-                request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
-                if client.next_action(request).await.is_err() {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    summary("grpc", activities, failed.load(Ordering::Relaxed), started)
+/// time, each answer checked.
+pub async fn online(conns: &[Conn], args: &Args) -> Value {
+    let mut report = crate::writes::first_failures(
+        conns,
+        args.concurrency,
+        &args.tenant,
+        PREFIX,
+        args.activities,
+    )
+    .await;
+    report["scenario"] = json!("preload");
+    report["path"] = json!("grpc");
+    report
 }

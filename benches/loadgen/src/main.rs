@@ -42,6 +42,12 @@
 //!   client walks its own activities through attempts `1..=--attempts`,
 //!   reporting each failure at the previous answer's `not_before`, under a
 //!   policy generous enough that every answer is a scheduled retry.
+//! - `new-activities`: `NextAction` in its durable form for `--activities`
+//!   activities the server has never seen (ids `n{run}-00000000` on), one
+//!   first failure each, `--concurrency` in flight, each sent as soon as one
+//!   returns, until all are written; each answer must be a scheduled retry,
+//!   not a replay. The write path at full speed with nothing preloaded
+//!   (`benches/rss.sh`). Counts the whole run; no warm-up or window.
 //! - `preload`: reports first failures for `--activities` distinct
 //!   activities as fast as it can: over gRPC, or, with `--data-dir`, straight
 //!   into the store of a stopped server (much faster).
@@ -54,6 +60,8 @@
 //! - `scenario`: what one request of each scenario is, and its check.
 //! - `conn`: the tonic clients' HTTP/2 connection; `raw`: the h2 client.
 //! - `drive`: the closed and open loops and what they count.
+//! - `writes`: many distinct activities written over gRPC (`new-activities`,
+//!   the online preload).
 //! - `preload`: activities stored before a run.
 //! - `probe`: fsync latency and CPU time from `/proc`.
 #![forbid(unsafe_code)]
@@ -64,6 +72,7 @@ mod preload;
 mod probe;
 mod raw;
 mod scenario;
+mod writes;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -123,7 +132,7 @@ struct Args {
     /// The tenant of durable reports (`x-tenant-id`).
     #[arg(long, default_value = "bench")]
     tenant: String,
-    /// Preload: how many distinct activities to store.
+    /// Preload and new-activities: how many distinct activities to write.
     #[arg(long, default_value_t = 1000)]
     activities: u64,
     /// Preload: the data directory of a stopped server, to write its store
@@ -155,6 +164,7 @@ enum Scenario {
     RetryDelay,
     PureNextAction,
     DurableNextAction,
+    NewActivities,
     Preload,
     Fsync,
 }
@@ -224,6 +234,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: &Args) -> Result<Value, LoadgenError> {
+    let run_id = args
+        .run_id
+        .clone()
+        .unwrap_or_else(|| format!("{:x}", unix_millis()));
     let kind = match args.scenario {
         Scenario::Fsync => {
             let dir = args
@@ -239,6 +253,7 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
             let channels = connect(args).await?;
             return Ok(preload::online(&channels, args).await);
         }
+        Scenario::NewActivities => return new_activities(args, &run_id).await,
         Scenario::Health => Kind::Health,
         Scenario::RetryDelay => Kind::RetryDelay,
         Scenario::PureNextAction => Kind::PureNextAction,
@@ -251,10 +266,6 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
             "--concurrency and --connections must be at least 1".into(),
         ));
     }
-    let run_id = args
-        .run_id
-        .clone()
-        .unwrap_or_else(|| format!("{:x}", unix_millis()));
     let transports = transports(args, kind).await?;
     let clients: Vec<VirtualClient> = transports
         .into_iter()
@@ -302,6 +313,34 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
         report["attempts_per_activity"] = json!(attempts);
     }
     tally.write_into(&mut report);
+    Ok(report)
+}
+
+/// Writes `--activities` new activities as fast as the server answers.
+async fn new_activities(args: &Args, run_id: &str) -> Result<Value, LoadgenError> {
+    if args.concurrency == 0 || args.activities == 0 {
+        return Err(LoadgenError::Invalid(
+            "--concurrency and --activities must be at least 1".into(),
+        ));
+    }
+    let conns = connect(args).await?;
+    let prefix = format!("n{run_id}-");
+    let mut report = writes::first_failures(
+        &conns,
+        args.concurrency,
+        &args.tenant,
+        &prefix,
+        args.activities,
+    )
+    .await;
+    report["scenario"] = json!("new-activities");
+    report["mode"] = json!("closed");
+    report["target"] = json!(args.target);
+    report["client"] = json!("tonic");
+    report["connections"] = json!(args.connections);
+    report["concurrency"] = json!(args.concurrency);
+    report["tenant"] = json!(args.tenant);
+    report["first_id"] = json!(writes::activity_id(&prefix, 0));
     Ok(report)
 }
 

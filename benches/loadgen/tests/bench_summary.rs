@@ -7,7 +7,8 @@
 //! the table of every target across runs (`benches/across.py`), the host's
 //! stalls in a window from cyclictest (`benches/host_stalls.py`) and the
 //! durable targets' ratios on a slower disk (`benches/slow_disk.py`). Their Python
-//! tests run here so that `cargo test` runs every test of the project.
+//! tests run here so that `cargo test --workspace` runs every test of the
+//! project.
 //! Without `python3` each test says it was skipped, and fails under
 //! `CI=true`.
 
@@ -16,7 +17,8 @@ use std::process::Command;
 
 /// Runs one of the Python test files under `benches/`.
 fn python_tests(file: &str) {
-    let script = format!("{}/benches/{file}", env!("CARGO_MANIFEST_DIR"));
+    // This crate is benches/loadgen; the scripts sit beside it in benches/.
+    let script = format!("{}/../{file}", env!("CARGO_MANIFEST_DIR"));
     match Command::new("python3").arg(&script).output() {
         Ok(out) => assert!(
             out.status.success(),

@@ -4,6 +4,9 @@
 //! in BENCHMARKS.md come from this binary; a scenario that errored would
 //! measure error paths instead.
 
+// The service's own end-to-end helper (a real server on 127.0.0.1:0 with a
+// temp data dir), shared rather than copied.
+#[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::TestServer;
@@ -198,6 +201,53 @@ async fn durable_decisions_are_stored() {
         .into_inner();
     assert_eq!(activity.attempts, 3, "{activity:?}");
     assert_eq!(activity.events.len(), 3, "{activity:?}");
+    server.stop().await.expect("clean stop");
+}
+
+/// `new-activities` writes each activity once through the server, and
+/// counts an answer replayed from the store as a failure: run again with the
+/// same ids, every write is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_activities_are_each_written_once() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let args = [
+        "--target",
+        url.as_str(),
+        "--scenario",
+        "new-activities",
+        "--activities",
+        "300",
+        "--concurrency",
+        "16",
+        "--connections",
+        "2",
+        "--tenant",
+        "loadgen-test",
+        "--run-id",
+        "e2e",
+    ];
+    let first = report(&args).await;
+    assert_eq!(first["scenario"], "new-activities", "{first}");
+    assert_eq!(first["written"], 300, "{first}");
+    assert_eq!(first["failed"], 0, "{first}");
+    let mut client = server.client().await;
+    for id in ["ne2e-00000000", "ne2e-00000299"] {
+        let activity = client
+            .get_activity(common::with_tenant(
+                common::pb::GetActivityRequest {
+                    activity_id: id.into(),
+                },
+                "loadgen-test",
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{id} is stored: {e}"))
+            .into_inner();
+        assert_eq!(activity.attempts, 1, "{activity:?}");
+    }
+    let again = report(&args).await;
+    assert_eq!(again["written"], 0, "{again}");
+    assert_eq!(again["error_codes"]["unexpected_replay"], 300, "{again}");
     server.stop().await.expect("clean stop");
 }
 

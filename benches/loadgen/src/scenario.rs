@@ -124,6 +124,22 @@ pub fn check_pure_next_action(response: &pb::NextActionResponse) -> Result<(), S
     Ok(())
 }
 
+/// A durable report's answer is a fresh decision to retry: under the
+/// generous policy every failure is scheduled, and no report is sent twice.
+///
+/// # Errors
+/// `unexpected_replay` for an answer replayed from the store,
+/// `unexpected_action_{code}` for any action but a scheduled retry.
+pub fn check_durable(response: &pb::NextActionResponse) -> Result<(), String> {
+    if response.replayed {
+        return Err("unexpected_replay".into());
+    }
+    if response.action != pb::Action::ScheduleRetry as i32 {
+        return Err(format!("unexpected_action_{}", response.code));
+    }
+    Ok(())
+}
+
 /// Where a virtual client is in its walk of durable activities.
 #[derive(Debug)]
 struct Walk {
@@ -256,13 +272,9 @@ async fn durable(
             return Err(code(status));
         }
     };
-    if answer.replayed {
+    if let Err(key) = check_durable(&answer) {
         walk.next_activity();
-        return Err("unexpected_replay".into());
-    }
-    if answer.action != pb::Action::ScheduleRetry as i32 {
-        walk.next_activity();
-        return Err(format!("unexpected_action_{}", answer.code));
+        return Err(key);
     }
     if walk.attempt >= attempts {
         walk.next_activity();

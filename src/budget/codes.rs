@@ -72,3 +72,15 @@ pub const ACTIVITY_PARKED: &str = "activity_parked";
 pub const ACTIVITY_NOT_PARKED: &str = "activity_not_parked";
 /// An activity the store does not hold.
 pub const ACTIVITY_NOT_FOUND: &str = "activity_not_found";
+
+/// The store failed an operation (the database or the journal): nothing
+/// was acknowledged, so asking again is safe.
+pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+/// A stored record cannot be decoded.
+pub const STORE_CORRUPT: &str = "store_corrupt";
+/// The store is shutting down and takes no more writes.
+pub const STORE_CLOSED: &str = "store_closed";
+/// Too many saves wait for a checkpoint (checkpoints fall behind or fail):
+/// the store refuses new ones, with a time to come back, until a checkpoint
+/// frees room.
+pub const STORE_BACKLOGGED: &str = "store_backlogged";

@@ -1,6 +1,10 @@
 //! Compiles `proto/` with protox (a pure-Rust protobuf compiler, so the build
-//! needs no system `protoc`) and generates the tonic service and prost
-//! messages, plus the encoded descriptor set that server reflection serves.
+//! needs no system `protoc`) and generates:
+//! - the public API, `retrybudget.v1`: the tonic service and prost messages,
+//!   plus the encoded descriptor set that server reflection serves;
+//! - the stored schema, `retrybudget.store.v1`: prost messages only, for the
+//!   embedded store's records (`src/store/codec.rs`). It is compiled apart so
+//!   that reflection never shows it: it is not part of the API.
 
 use std::{env, fs, path::PathBuf};
 
@@ -9,7 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/retrybudget/v1/retry_budget.proto",
         "proto/retrybudget/v1/error_detail.proto",
     ];
-    for proto in protos {
+    let stored = ["proto/retrybudget/store/v1/record.proto"];
+    for proto in protos.iter().chain(&stored) {
         println!("cargo:rerun-if-changed={proto}");
     }
     let fds = protox::compile(protos, ["proto"])?;
@@ -25,5 +30,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .codec_path("crate::grpc::codec::SliceCodec")
         .compile_fds(fds)?;
+    // Messages alone: the stored schema has no service.
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_fds(protox::compile(stored, ["proto"])?)?;
     Ok(())
 }

@@ -6,9 +6,9 @@
 //!   pure `NextAction` computes both).
 //! - `activity_plan`: the durable state machine on a record that already
 //!   holds a few events: a fresh decision, and a replay.
-//! - `record_json`, `record_msgpack`: encoding and decoding a whole record
+//! - `record_json`, `record_codec`: encoding and decoding a whole record
 //!   (with its four events) as JSON (the first versions' format) and as the
-//!   store writes it now (MessagePack, `store::codec`); a save encodes it,
+//!   store writes it now (protobuf, `store::codec`); a save encodes it,
 //!   a load that misses the in-memory overlay decodes it. One event alone
 //!   in JSON, for scale.
 //! - `redb_load`: loading a record from the embedded store (10k stored,
@@ -173,15 +173,16 @@ fn json(c: &mut Criterion) {
     group.finish();
 }
 
-fn msgpack(c: &mut Criterion) {
+fn stored(c: &mut Criterion) {
     let record = record_with("charge-42", 4);
     let mut bytes = Vec::new();
-    codec::encode_into(&record, &mut bytes).expect("a record encodes");
-    let mut group = c.benchmark_group("record_msgpack");
+    codec::encode_into(&record, &mut bytes);
+    let mut group = c.benchmark_group("record_codec");
     group.bench_function("record_encode", |b| {
         b.iter(|| {
             let mut out = Vec::with_capacity(1024);
-            codec::encode_into(black_box(&record), &mut out).map(|()| out)
+            codec::encode_into(black_box(&record), &mut out);
+            out
         })
     });
     group.bench_function("record_decode", |b| {
@@ -330,7 +331,7 @@ criterion_group!(
     action,
     plan,
     json,
-    msgpack,
+    stored,
     redb_load,
     classification,
     hints,

@@ -13,30 +13,77 @@ pub mod codec;
 mod journal;
 mod redb;
 
+#[doc(hidden)]
+pub use self::redb::CheckpointFault;
 pub use self::redb::{CommitStats, RedbStore, RedbStoreOptions, RuntimeIdle};
 
+use std::error::Error;
 use std::future::Future;
+use std::time::Duration;
 
 use crate::budget::activity::{ActivityKey, ActivityRecord};
+use crate::budget::codes;
 
-/// A store failed. The gRPC edge reports it as `UNAVAILABLE`: nothing was
-/// acknowledged, so the caller may safely ask again.
+/// A store failed or refused a save. Nothing was acknowledged, so the caller
+/// may safely ask again: the gRPC edge reports [`Backend`](Self::Backend),
+/// [`Closed`](Self::Closed) and [`Backlogged`](Self::Backlogged) as
+/// `UNAVAILABLE`, and [`Corrupt`](Self::Corrupt) as `INTERNAL`. The message
+/// starts with the variant's stable [`code`](Self::code); the cause, when
+/// there is one, is also the error's `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database refused or failed an operation.
-    #[error("store_unavailable: {0}")]
-    Backend(String),
+    /// The database or the journal refused or failed an operation.
+    #[error("{}: {op}: {source}", codes::STORE_UNAVAILABLE)]
+    Backend {
+        /// What the store was doing, for people.
+        op: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn Error + Send + Sync>,
+    },
     /// A stored record could not be decoded.
-    #[error("store_corrupt: record {key}: {detail}")]
+    #[error("{}: record {key}: {source}", codes::STORE_CORRUPT)]
     Corrupt {
-        /// Which record.
+        /// Which record (or journal segment).
         key: String,
-        /// What was wrong.
-        detail: String,
+        /// What is wrong with its bytes.
+        #[source]
+        source: codec::DecodeError,
     },
     /// The store is shutting down and takes no more writes.
-    #[error("store_closed: the store is shutting down")]
+    #[error("{}: the store is shutting down", codes::STORE_CLOSED)]
     Closed,
+    /// Too much waits to be checkpointed (checkpoints fall behind or fail):
+    /// the save is refused rather than held in memory without bound.
+    #[error(
+        "{}: too many saves wait for a checkpoint; retry after {} ms",
+        codes::STORE_BACKLOGGED,
+        retry_after.as_millis()
+    )]
+    Backlogged {
+        /// How long the caller should wait before asking again.
+        retry_after: Duration,
+    },
+}
+
+impl StoreError {
+    /// The stable code that starts the message.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Backend { .. } => codes::STORE_UNAVAILABLE,
+            Self::Corrupt { .. } => codes::STORE_CORRUPT,
+            Self::Closed => codes::STORE_CLOSED,
+            Self::Backlogged { .. } => codes::STORE_BACKLOGGED,
+        }
+    }
+
+    /// How long to wait before asking again, when the store said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Backlogged { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
 }
 
 /// What a store needs to know of the version a save replaces, taken before

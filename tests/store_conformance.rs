@@ -3,12 +3,14 @@
 //! calls [`conformance`] with a way to open it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,
 };
-use retry_budget::store::{RedbStore, RedbStoreOptions, Replaced, Store};
+use retry_budget::store::{CheckpointFault, RedbStore, RedbStoreOptions, Replaced, Store};
 
 const NOW: i64 = 1_800_000_000_000;
 
@@ -225,8 +227,8 @@ async fn redb_saves_that_arrive_together_share_a_commit() {
         t.await.unwrap().unwrap();
     }
     let stats = store.commit_stats();
-    let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
-    let saves = stats.saves.load(std::sync::atomic::Ordering::Relaxed);
+    let commits = stats.commits.load(Ordering::Relaxed);
+    let saves = stats.saves.load(Ordering::Relaxed);
     assert_eq!(saves, 500);
     assert!(commits < 250, "{commits} commits for {saves} saves");
 }
@@ -250,10 +252,7 @@ async fn redb_batch_of_one_commits_each_save_alone() {
     for t in tasks {
         t.await.unwrap().unwrap();
     }
-    let commits = store
-        .commit_stats()
-        .commits
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let commits = store.commit_stats().commits.load(Ordering::Relaxed);
     assert_eq!(commits, 20);
 }
 
@@ -277,7 +276,7 @@ async fn redb_store_conforms_with_a_checkpoint_after_every_group() {
         // Every group fills a segment: checkpoints run all the time, so
         // loads meet records in the active set, the frozen set and redb.
         options.segment_bytes = 1;
-        options.commit_window = std::time::Duration::ZERO;
+        options.commit_window = Duration::ZERO;
         RedbStore::open(&options).expect("open redb")
     })
     .await;
@@ -499,4 +498,113 @@ async fn redb_a_spare_left_by_an_earlier_run_is_not_recycled() {
     }
     let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
     assert_eq!(loaded(&store, &k).await.as_ref(), Some(&v3));
+}
+
+/// A checkpoint that keeps failing (as when the database refuses its
+/// writes) does not make the store hold saves without bound: once the
+/// journal waiting for a checkpoint reaches `backlog_bytes`, saves are
+/// refused at once with `store_backlogged` and a time to come back
+/// (`UNAVAILABLE` at the gRPC edge). What was acknowledged stays readable,
+/// and once checkpoints succeed again saves are taken and everything
+/// acknowledged reaches the database.
+#[tokio::test]
+async fn redb_a_failing_checkpoint_refuses_saves_instead_of_holding_them() {
+    const BACKLOG: u64 = 16 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(AtomicBool::new(true));
+    let mut options = RedbStoreOptions::new(dir.path());
+    options.segment_bytes = 2 << 10;
+    options.backlog_bytes = BACKLOG;
+    options.commit_window = Duration::ZERO;
+    options.checkpoint_fault = Some(CheckpointFault(Arc::new({
+        let failing = Arc::clone(&failing);
+        move || failing.load(Ordering::SeqCst)
+    })));
+    let store = RedbStore::open(&options).unwrap();
+    let next = |n: usize| {
+        record(
+            &key("backlog", &format!("act-{n}")),
+            ErrorClass::Transient,
+            3600,
+        )
+    };
+
+    let mut acknowledged = Vec::new();
+    let refused = loop {
+        let r = next(acknowledged.len());
+        match store.save(r.clone(), None).await {
+            Ok(()) => acknowledged.push(r),
+            Err(e) => break e,
+        }
+        assert!(acknowledged.len() < 1000, "saves were never refused");
+    };
+    assert!(
+        acknowledged.len() > 10,
+        "refused too soon: {}",
+        acknowledged.len()
+    );
+    assert_eq!(refused.code(), "store_backlogged", "{refused}");
+    assert!(
+        refused.to_string().starts_with("store_backlogged: "),
+        "{refused}"
+    );
+    let retry_after = refused.retry_after().expect("a time to come back");
+    assert!(retry_after > Duration::ZERO);
+    assert_eq!(
+        tonic::Status::from(refused).code(),
+        tonic::Code::Unavailable
+    );
+
+    // Refused again, not taken: the journal stays within the bound (plus
+    // the one save that reached it), and so do the records in memory.
+    let again = store
+        .save(next(acknowledged.len()), None)
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), "store_backlogged");
+    let journal: u64 = journal_segments(dir.path())
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(journal <= BACKLOG + 1024, "{journal} bytes of journal");
+    for r in &acknowledged {
+        assert_eq!(loaded(&store, &r.key()).await.as_ref(), Some(r));
+    }
+    let checkpoint = store.checkpoint().await.unwrap_err();
+    assert!(
+        checkpoint.to_string().starts_with("store_unavailable: "),
+        "{checkpoint}"
+    );
+
+    // The database comes back: saves are taken again once checkpoints
+    // free room (while they catch up, some are still told to come back).
+    failing.store(false, Ordering::SeqCst);
+    for _ in 0..40 {
+        let r = next(acknowledged.len());
+        save_when_taken(&store, r.clone()).await;
+        acknowledged.push(r);
+    }
+    store.checkpoint().await.unwrap();
+    drop(store);
+
+    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    for r in &acknowledged {
+        assert_eq!(loaded(&store, &r.key()).await.as_ref(), Some(r));
+    }
+    assert_eq!(store.count().await.unwrap(), acknowledged.len() as u64);
+}
+
+/// Saves `r`, coming back as told while the store is backlogged.
+async fn save_when_taken(store: &RedbStore, r: ActivityRecord) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.save(r.clone(), None).await {
+            Ok(()) => return,
+            Err(e) => {
+                assert_eq!(e.code(), "store_backlogged", "{e}");
+                assert!(std::time::Instant::now() < deadline, "still refused: {e}");
+                tokio::time::sleep(e.retry_after().expect("a time to come back")).await;
+            }
+        }
+    }
 }

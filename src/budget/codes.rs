@@ -111,3 +111,17 @@ pub const CONFIG_UNREADABLE: &str = "config_unreadable";
 /// The configuration file, or a flag or variable, is not a valid
 /// configuration.
 pub const CONFIG_INVALID: &str = "config_invalid";
+
+// The store.
+
+/// The store failed an operation (the database or the journal): nothing
+/// was acknowledged, so asking again is safe.
+pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+/// A stored record cannot be decoded.
+pub const STORE_CORRUPT: &str = "store_corrupt";
+/// The store is shutting down and takes no more writes.
+pub const STORE_CLOSED: &str = "store_closed";
+/// Too many saves wait for a checkpoint (checkpoints fall behind or fail):
+/// the store refuses new ones, with a time to come back, until a checkpoint
+/// frees room.
+pub const STORE_BACKLOGGED: &str = "store_backlogged";

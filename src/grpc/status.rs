@@ -27,10 +27,12 @@ impl From<BudgetError> for Status {
 impl From<StoreError> for Status {
     fn from(err: StoreError) -> Self {
         match err {
-            StoreError::Backend(_) | StoreError::Closed => {
+            StoreError::Backend { .. } | StoreError::Closed => {
                 tracing::warn!(error = %err, "store unavailable");
                 Status::unavailable(err.to_string())
             }
+            // The store logs once when it starts and stops refusing.
+            StoreError::Backlogged { .. } => Status::unavailable(err.to_string()),
             StoreError::Corrupt { .. } => {
                 tracing::error!(error = %err, "stored record cannot be read");
                 Status::internal(format!(

@@ -1,43 +1,83 @@
 //! How an activity record is written down, in the journal and in the
 //! database: one format byte, then the record.
 //!
-//! - `0x01`: MessagePack with structs as arrays (`rmp-serde`), about a third
-//!   of the JSON size and three times faster to encode or decode (see
-//!   BENCHMARKS.md). Fields are found by position, so the rule for changing
-//!   [`ActivityRecord`] and what it holds is the protobuf rule: **add fields
-//!   only at the end of a struct, with `#[serde(default)]`; never remove,
-//!   reorder or retype one; never rename an enum variant** (variants are
-//!   written by name). `stored_format_is_stable` below fails when a change
-//!   breaks what is already stored.
-//! - `{`: JSON, as the first versions stored records; still read, never
-//!   written.
+//! - `0x02`: protobuf, the message `retrybudget.store.v1.ActivityRecord` of
+//!   `proto/retrybudget/store/v1/record.proto`. Fields are found by number,
+//!   so a later release may add a field or an enum value and this one still
+//!   reads what it writes, skipping what it does not know (an enum value it
+//!   does not know is refused: it cannot be represented). The rule for
+//!   changing the schema is protobuf's: **add fields with new numbers;
+//!   never renumber, retype or reuse one**. `stored_format_is_stable` below
+//!   fails when a change alters what is written.
+//!
+//! The format byte tells a future format apart: a release that changes more
+//! than protobuf allows writes a new byte and keeps reading this one.
+//! (`0x01`, MessagePack by position, and JSON were written by development
+//! builds only and are not read.)
+//!
+//! A save encodes the whole record, so the writer ([`encode_into`]) writes
+//! the fields straight from the core's types into the caller's buffer;
+//! [`decode`] goes through the generated message.
+
+mod encode;
+mod schema;
+
+use prost::Message;
 
 use crate::budget::activity::ActivityRecord;
 
-/// The format byte of MessagePack records.
-const MSGPACK: u8 = 0x01;
-
-/// Appends `record` to `out`, format byte first.
-///
-/// # Errors
-/// The encoder's message; it does not fail for records the state machine
-/// builds.
-pub fn encode_into(record: &ActivityRecord, out: &mut Vec<u8>) -> Result<(), String> {
-    out.push(MSGPACK);
-    rmp_serde::encode::write(out, record).map_err(|e| e.to_string())
+/// The generated types of `retrybudget.store.v1`: the stored schema, which
+/// never leaves the store.
+mod pb {
+    #![allow(missing_docs, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/retrybudget.store.v1.rs"));
 }
 
-/// Reads a record written by [`encode_into`] (or a JSON record of the first
-/// versions).
+/// The format byte of protobuf records (schema `retrybudget.store.v1`).
+const PROTOBUF_V1: u8 = 0x02;
+
+/// Why stored bytes are not a record this release can read.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// No bytes at all.
+    #[error("empty record")]
+    Empty,
+    /// A format byte this release does not know.
+    #[error("unknown record format 0x{0:02x}")]
+    UnknownFormat(u8),
+    /// The bytes after the format byte are not a protobuf message of the
+    /// schema.
+    #[error("malformed record: {0}")]
+    Malformed(#[from] prost::DecodeError),
+    /// A field every record has is missing.
+    #[error("malformed record: {0} is missing")]
+    Missing(&'static str),
+    /// An enum value this release does not know (written by a later one).
+    #[error("malformed record: {field} has the unknown value {value}")]
+    UnknownValue {
+        /// Which field.
+        field: &'static str,
+        /// The number stored.
+        value: i32,
+    },
+}
+
+/// Appends `record` to `out`, format byte first. Allocates nothing but the
+/// room `out` needs.
+pub fn encode_into(record: &ActivityRecord, out: &mut Vec<u8>) {
+    out.push(PROTOBUF_V1);
+    encode::record(record, out);
+}
+
+/// Reads a record written by [`encode_into`].
 ///
 /// # Errors
 /// What is wrong with the bytes.
-pub fn decode(bytes: &[u8]) -> Result<ActivityRecord, String> {
-    match bytes.first() {
-        Some(&MSGPACK) => rmp_serde::from_slice(&bytes[1..]).map_err(|e| e.to_string()),
-        Some(b'{') => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
-        Some(other) => Err(format!("unknown record format 0x{other:02x}")),
-        None => Err("empty record".to_owned()),
+pub fn decode(bytes: &[u8]) -> Result<ActivityRecord, DecodeError> {
+    match bytes.split_first() {
+        Some((&PROTOBUF_V1, message)) => pb::ActivityRecord::decode(message)?.try_into(),
+        Some((&other, _)) => Err(DecodeError::UnknownFormat(other)),
+        None => Err(DecodeError::Empty),
     }
 }
 
@@ -45,13 +85,13 @@ pub fn decode(bytes: &[u8]) -> Result<ActivityRecord, String> {
 mod tests {
     use super::*;
     use crate::budget::activity::{
-        ActivityKey, Defaults, Plan, Policy, Report, Status, plan, record_success,
+        ActivityKey, Defaults, Event, Plan, Policy, Report, Status, plan, record_success,
     };
     use crate::budget::hint::RawHints;
     use crate::budget::{Admission, ErrorClass};
 
     /// A record with every kind of field filled: decisions with and without
-    /// hints and rules, then a success.
+    /// hints and rules, a deferral with a booked slot, then a success.
     fn sample() -> ActivityRecord {
         let key = ActivityKey {
             tenant: "acme".into(),
@@ -105,51 +145,162 @@ mod tests {
         record_success(record.expect("planned"), Some(at + 9900), at + 9950).expect("open")
     }
 
+    fn encoded(record: &ActivityRecord) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        encode_into(record, &mut bytes);
+        bytes
+    }
+
     #[test]
     fn records_round_trip() {
         let record = sample();
         assert_eq!(record.status, Status::Closed);
-        let mut bytes = Vec::new();
-        encode_into(&record, &mut bytes).unwrap();
-        assert_eq!(bytes[0], MSGPACK);
+        let bytes = encoded(&record);
+        assert_eq!(bytes[0], PROTOBUF_V1);
         assert_eq!(decode(&bytes).unwrap(), record);
-        let json = serde_json::to_vec(&record).unwrap();
-        assert!(
-            bytes.len() * 2 < json.len(),
-            "{} vs {}",
-            bytes.len(),
-            json.len()
-        );
+
+        // A parked record with a pending reservation and no events.
+        let mut parked = sample();
+        parked.status = Status::Parked;
+        parked.closed_code = None;
+        parked.closed_at_ms = None;
+        parked.reservation = Some(crate::budget::activity::Reservation {
+            attempt: 4,
+            not_before_ms: -5,
+            booked: true,
+        });
+        parked.events.clear();
+        parked.policy.base = None;
+        assert_eq!(decode(&encoded(&parked)).unwrap(), parked);
+    }
+
+    /// The generated message of `record`, built the slow way: what the
+    /// writer must agree with.
+    fn message(record: &ActivityRecord) -> pb::ActivityRecord {
+        let event = |e: &Event| pb::Event {
+            kind: pb::EventKind::from(e.kind).into(),
+            attempt: e.attempt,
+            class: pb::ErrorClass::from(e.class).into(),
+            occurred_at_ms: e.occurred_at_ms,
+            occurred_at_stamped: e.occurred_at_stamped,
+            elapsed_ms: e.elapsed_ms,
+            backoff_ms: e.backoff_ms,
+            delay_seconds: e.delay_seconds,
+            delay_ms: e.delay_ms,
+            not_before_ms: e.not_before_ms,
+            action: pb::Action::from(e.action).into(),
+            code: e.code.clone(),
+            reason: e.reason.clone(),
+            token_taken: e.token_taken,
+            defer_reason: e.defer_reason.clone(),
+            rule: e.rule.clone(),
+            hint: e.hint.map(|h| pb::Hint {
+                delay_ms: h.delay_ms,
+                source: pb::HintSource::from(h.source).into(),
+                capped: h.capped,
+                do_not_retry: h.do_not_retry,
+                ignored: (!h.ignored.is_empty()).then_some(pb::IgnoredHints {
+                    retry_after: h.ignored.retry_after,
+                    date: h.ignored.date,
+                    retry_info: h.ignored.retry_info,
+                }),
+            }),
+            recorded_at_ms: e.recorded_at_ms,
+        };
+        pb::ActivityRecord {
+            tenant: record.tenant.clone(),
+            activity_id: record.activity_id.clone(),
+            workflow_id: record.workflow_id.clone(),
+            policy: Some(pb::Policy {
+                max_attempts: record.policy.max_attempts,
+                deadline_seconds: record.policy.deadline_seconds,
+                base: record.policy.base,
+                cap: record.policy.cap,
+            }),
+            started_at_ms: record.started_at_ms,
+            attempts: record.attempts,
+            status: pb::Status::from(record.status).into(),
+            closed_code: record.closed_code.clone(),
+            closed_at_ms: record.closed_at_ms,
+            reservation: record.reservation.map(|r| pb::Reservation {
+                attempt: r.attempt,
+                not_before_ms: r.not_before_ms,
+                booked: r.booked,
+            }),
+            events: record.events.iter().map(|e| event(e)).collect(),
+        }
     }
 
     #[test]
-    fn json_records_of_the_first_versions_are_read() {
+    fn the_writer_agrees_with_the_generated_message() {
+        let mut record = sample();
+        // Negative numbers and empty optional strings take the rare paths.
+        record.started_at_ms = -1;
+        record.closed_code = Some(String::new());
+        for record in [sample(), record] {
+            let bytes = encoded(&record);
+            assert_eq!(&bytes[1..], message(&record).encode_to_vec().as_slice());
+            assert_eq!(decode(&bytes).unwrap(), record);
+        }
+    }
+
+    /// A later release adds fields (to the record and to an event); this
+    /// one skips them and reads the rest.
+    #[test]
+    fn fields_of_a_later_release_are_skipped() {
         let record = sample();
-        let json = serde_json::to_vec(&record).unwrap();
-        assert_eq!(decode(&json).unwrap(), record);
+        let mut stored = message(&record);
+        let events = std::mem::take(&mut stored.events);
+        let mut bytes = vec![PROTOBUF_V1];
+        stored.encode(&mut bytes).unwrap();
+        for (i, event) in events.iter().enumerate() {
+            let mut body = event.encode_to_vec();
+            if i == 1 {
+                // Field 40 of an event: a string.
+                prost::encoding::string::encode(40, &"later".to_owned(), &mut body);
+            }
+            prost::encoding::bytes::encode(11, &body, &mut bytes);
+        }
+        // Field 99 of the record: a number; field 100: a nested message.
+        prost::encoding::uint64::encode(99, &7, &mut bytes);
+        prost::encoding::bytes::encode(100, &vec![0x08, 0x01], &mut bytes);
+        assert_eq!(decode(&bytes).unwrap(), record);
     }
 
     #[test]
     fn bad_bytes_are_refused() {
-        assert_eq!(decode(b"").unwrap_err(), "empty record");
+        let refused = |bytes: &[u8]| decode(bytes).unwrap_err().to_string();
+        assert_eq!(refused(b""), "empty record");
+        assert_eq!(refused(b"\x07abc"), "unknown record format 0x07");
+        // A MessagePack record of the development builds.
+        assert_eq!(refused(b"\x01\x9b\xa4acme"), "unknown record format 0x01");
+        assert!(refused(b"\x02\x0a\x05ab").starts_with("malformed record"));
+        // No policy, then an unknown status (a later release's enum value).
         assert_eq!(
-            decode(b"\x07abc").unwrap_err(),
-            "unknown record format 0x07"
+            refused(b"\x02\x0a\x01a"),
+            "malformed record: policy is missing"
         );
-        assert!(decode(b"\x01\x93\x01").is_err());
-        assert!(decode(b"{\"tenant\":").is_err());
+        let mut later = message(&sample());
+        later.status = 9;
+        let mut bytes = vec![PROTOBUF_V1];
+        later.encode(&mut bytes).unwrap();
+        assert_eq!(
+            refused(&bytes),
+            "malformed record: status has the unknown value 9"
+        );
     }
 
     /// The bytes of `sample()` as this version writes them. If this fails,
-    /// a change made records already stored unreadable, or changed how
-    /// they are written: follow the rule in the module's documentation, and
-    /// update the bytes only for an addition that old records still decode
-    /// under (check with the old bytes before replacing them).
+    /// a change altered how records are written: follow the rule in the
+    /// module's documentation, and update the bytes only for an addition
+    /// that old records still decode under (check with the old bytes before
+    /// replacing them).
     #[test]
     fn stored_format_is_stable() {
-        let mut bytes = Vec::new();
-        encode_into(&sample(), &mut bytes).unwrap();
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = encoded(&sample())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(hex, FIXTURE, "the stored format changed");
         let old = (0..FIXTURE.len())
             .step_by(2)
@@ -159,22 +310,19 @@ mod tests {
     }
 
     const FIXTURE: &str = concat!(
-        "019ba461636d65ae6368617267652d636172643a3432a477662d379405cd0e10023ccf000001a3185c4f9c02",
-        "a6436c6f736564a9737563636565646564cf000001a3185c76dec094dc0012a84465636973696f6e01a95472",
-        "616e7369656e74cf000001a3185c4f9cc200cd05e801cd05e8cf000001a3185c5584ad5363686564756c6552",
-        "65747279ae7363686564756c655f7265747279d949617474656d70742031206f662035206661696c65642074",
-        "72616e7369656e746c793b206261636b6f66662031353132206d732028312073292066726f6d206f63637572",
-        "7265645f6174c3c0c0c0cf000001a3185c5000dc0012a84465636973696f6e02a95472616e7369656e74cf00",
-        "0001a3185c576cc2cd07d0cd0c8403cd0c84cf000001a3185c63f0ad5363686564756c655265747279ae7363",
-        "686564756c655f7265747279d949617474656d70742032206f662035206661696c6564207472616e7369656e",
-        "746c793b206261636b6f66662033323034206d732028332073292066726f6d206f636375727265645f6174c3",
-        "c0a8687474702d353033c0cf000001a3185c57d0dc0012a84465636973696f6e03a95472616e7369656e74cf",
-        "000001a3185c72c4c2cd2328cd11c978ce0001d4c0cf000001a3185e4784a84465666572726564a864656665",
-        "72726564d97e72657472792063617061636974792069732065786861757374656420286275636b65745f656d",
-        "707479293b206120736c6f7420697320626f6f6b656420666f72207468697320616374697669747920313139",
-        "2e39303020732066726f6d206e6f773a207265706f727420617474656d7074203320616761696e207468656e",
-        "c3ac6275636b65745f656d707479c095ce0001d4c0b372657472795f61667465725f7365636f6e6473c2c293",
-        "c2c2c2cf000001a3185c7328dc0012a75375636365737303c0cf000001a3185c76acc2cd2710000000c0c0a9",
-        "737563636565646564b4616e20617474656d707420737563636565646564c2c0c0c0cf000001a3185c76de",
+        "020a0461636d65120e6368617267652d636172643a34321a0477662d372209080510901c1802203c289c9ff1",
+        "c2b13430023803420973756363656564656448deedf1c2b1345a8301080110011801209c9ff1c2b13438e80b",
+        "400148e80b5084abf1c2b1345801620e7363686564756c655f72657472796a49617474656d70742031206f66",
+        "2035206661696c6564207472616e7369656e746c793b206261636b6f66662031353132206d73202831207329",
+        "2066726f6d206f636375727265645f61747001900180a0f1c2b1345a910108011002180120ecaef1c2b13430",
+        "d00f388419400348841950f0c7f1c2b1345801620e7363686564756c655f72657472796a49617474656d7074",
+        "2032206f662035206661696c6564207472616e7369656e746c793b206261636b6f66662033323034206d7320",
+        "28332073292066726f6d206f636375727265645f61747001820108687474702d3530339001d0aff1c2b1345a",
+        "cd0108011003180120c4e5f1c2b13430a84638c923407848c0a90750848ff9c2b13458066208646566657272",
+        "65646a7e72657472792063617061636974792069732065786861757374656420286275636b65745f656d7074",
+        "79293b206120736c6f7420697320626f6f6b656420666f722074686973206163746976697479203131392e39",
+        "303020732066726f6d206e6f773a207265706f727420617474656d7074203320616761696e207468656e7001",
+        "7a0c6275636b65745f656d7074798a010608c0a90710019001a8e6f1c2b1345a370802100320acedf1c2b134",
+        "30904e62097375636365656465646a14616e20617474656d7074207375636365656465649001deedf1c2b134",
     );
 }

@@ -17,14 +17,12 @@
 //! start. Writing over blocks the file already has leaves its size and
 //! extents alone, so each group's `fdatasync` writes the data and nothing
 //! else; appending to a growing file makes every `fdatasync` commit the
-//! file system's journal as well (on ext4, about twice the latency; see
-//! BENCHMARKS.md). Past the last entry written since, a recycled file
-//! still holds the entries of its earlier generation, each intact and in
-//! place: the generation in every entry is what stops the reader there.
-//! The first format (magic `rbjrnl01`, entries without the generation) is
-//! still read; such segments are replayed and deleted, never recycled. A
-//! spare is only ever one this process made: one left by an earlier run is
-//! deleted at open ([`discard_spare`]).
+//! file system's journal as well (on ext4, about twice the latency of a
+//! group commit). Past the last entry written since, a recycled file still
+//! holds the entries of its earlier generation, each intact and in place:
+//! the generation in every entry is what stops the reader there. A spare is
+//! only ever one this process made: one left by an earlier run is deleted
+//! at open ([`discard_spare`]).
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -33,8 +31,6 @@ use std::path::{Path, PathBuf};
 
 /// The first bytes of every segment.
 const MAGIC: &[u8; 8] = b"rbjrnl02";
-/// The first bytes of a segment of the first format, read at recovery.
-const MAGIC_V1: &[u8; 8] = b"rbjrnl01";
 /// Bytes before an entry's payload in memory: length, then checksum. The
 /// generation is added when the entry is written to a segment.
 const FRAME: usize = 8;
@@ -92,19 +88,14 @@ pub fn seal(entry: &mut [u8]) {
 /// thread reuses, and the entry is copied out at its exact size. An entry is
 /// held in memory until its checkpoint, so it should carry no spare room
 /// (a buffer sized by guess, 1 KiB, held about twice the 0.58 KiB that
-/// the benchmark's entries average).
-///
-/// # Errors
-/// What `write` returns.
-pub fn entry<E>(write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<Vec<u8>, E> {
+/// entries of a durable load average).
+pub fn entry(write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
         buf.extend_from_slice(&[0; FRAME]);
-        let written = write(buf);
-        let entry = written.map(|()| {
-            seal(buf);
-            buf.as_slice().to_vec()
-        });
+        write(buf);
+        seal(buf);
+        let entry = buf.as_slice().to_vec();
         if buf.capacity() > SCRATCH_KEPT {
             // One unusually large record does not keep its buffer.
             *buf = Vec::new();
@@ -154,24 +145,20 @@ pub fn read(path: &Path, generation: u64) -> io::Result<Contents> {
             torn: false,
         });
     }
-    let frame = match &bytes[..MAGIC.len()] {
-        magic if magic == MAGIC => DISK_FRAME,
-        magic if magic == MAGIC_V1 => FRAME,
-        _ => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} is not a retry-budget journal segment", path.display()),
-            ));
-        }
-    };
+    if &bytes[..MAGIC.len()] != MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a retry-budget journal segment", path.display()),
+        ));
+    }
     let mut contents = Contents::default();
     let mut at = MAGIC.len();
     loop {
-        let Some(header) = bytes.get(at..at + frame) else {
+        let Some(header) = bytes.get(at..at + DISK_FRAME) else {
             contents.torn = at < bytes.len();
             break;
         };
-        if frame == DISK_FRAME && header[FRAME..] != generation.to_le_bytes() {
+        if header[FRAME..] != generation.to_le_bytes() {
             // An entry of the generation this file held before it was
             // recycled (or zeros): the end of this one.
             break;
@@ -179,14 +166,14 @@ pub fn read(path: &Path, generation: u64) -> io::Result<Contents> {
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
         let payload = bytes
-            .get(at + frame..at + frame + len)
+            .get(at + DISK_FRAME..at + DISK_FRAME + len)
             .filter(|p| !p.is_empty() && len <= MAX_PAYLOAD && crc32fast::hash(p) == crc);
         let Some(payload) = payload else {
             contents.torn = true;
             break;
         };
         contents.payloads.push(payload.to_vec());
-        at += frame + len;
+        at += DISK_FRAME + len;
     }
     contents.ignored_bytes = bytes.len() - at;
     Ok(contents)
@@ -366,33 +353,16 @@ mod tests {
             seal(&mut entry);
             entry
         };
-        let small = entry(|buf| {
-            buf.extend_from_slice(b"small");
-            Ok::<_, ()>(())
-        })
-        .unwrap();
+        let small = entry(|buf| buf.extend_from_slice(b"small"));
         assert_eq!(small, sealed(b"small"));
         assert_eq!(small.capacity(), small.len(), "no spare room is held");
 
-        // A failed write returns its error, and leaves nothing behind for
-        // the next entry; nor does an entry larger than the kept buffer.
-        let failed = entry(|buf| {
-            buf.extend_from_slice(b"half");
-            Err("failed")
-        });
-        assert_eq!(failed, Err("failed"));
+        // An entry larger than the kept buffer leaves nothing behind for
+        // the next one.
         let big = vec![7u8; SCRATCH_KEPT + 1];
-        let large = entry(|buf| {
-            buf.extend_from_slice(&big);
-            Ok::<_, ()>(())
-        })
-        .unwrap();
+        let large = entry(|buf| buf.extend_from_slice(&big));
         assert_eq!(large, sealed(&big));
-        let after = entry(|buf| {
-            buf.extend_from_slice(b"after");
-            Ok::<_, ()>(())
-        })
-        .unwrap();
+        let after = entry(|buf| buf.extend_from_slice(b"after"));
         assert_eq!(after, sealed(b"after"));
         let kept = SCRATCH.with_borrow(Vec::capacity);
         assert!(kept <= SCRATCH_KEPT, "the large buffer was let go: {kept}");
@@ -410,24 +380,6 @@ mod tests {
         );
         assert_eq!(contents.ignored_bytes, 0);
         assert!(!contents.torn);
-    }
-
-    #[test]
-    fn segments_of_the_first_format_are_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(segment_name(4));
-        let mut bytes = MAGIC_V1.to_vec();
-        for p in [b"old".as_slice(), b"format"] {
-            let mut entry = open_frame(p.len());
-            entry.extend_from_slice(p);
-            seal(&mut entry);
-            bytes.extend_from_slice(&entry);
-        }
-        bytes.extend_from_slice(&[6, 0, 0, 0, 1, 2]);
-        std::fs::write(&path, &bytes).unwrap();
-        let contents = read(&path, 4).unwrap();
-        assert_eq!(contents.payloads, vec![b"old".to_vec(), b"format".to_vec()]);
-        assert_eq!((contents.ignored_bytes, contents.torn), (6, true));
     }
 
     /// A recycled file still holds its earlier generation's entries, intact

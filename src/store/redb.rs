@@ -4,37 +4,42 @@
 //! # Why a journal in front of redb
 //! redb is a pure-Rust, ACID, copy-on-write B-tree: a crash at any moment
 //! leaves its last commit intact. But a commit rewrites every B-tree page it
-//! touches, so a commit per group of decisions costs far more than the fsync
-//! it waits for (see BENCHMARKS.md). So a decision is made durable the way
-//! databases do it: appended to a journal, one `fdatasync` for the whole
-//! group, and acknowledged. The records it changed are kept in memory and
-//! written to redb later in one large transaction (a checkpoint), after
-//! which the journal segment is deleted.
+//! touches, so a commit per group of decisions costs far more than the
+//! fsync it waits for, and more as the tree grows. So a decision is made
+//! durable the way databases do it: appended to a journal, one `fdatasync`
+//! for the whole group, and acknowledged. The records it changed are kept
+//! in memory and written to redb later in one large transaction (a
+//! checkpoint), after which the journal segment is retired.
 //!
 //! # The write path
-//! - `save` encodes the record and hands it to the **writer thread**, which
-//!   takes whatever is waiting (up to `max_batch`), appends it to the journal
-//!   segment with one `write` and one `fdatasync` (group commit), puts the
-//!   records in the in-memory *active* set, and acknowledges every save of the
-//!   group. Under load it starts a group at most every `commit_window`, so
-//!   that more saves share each fsync, or sooner once as many saves wait
-//!   as recent groups carried, or once the runtime runs out of work
-//!   ([`RuntimeIdle`]). `max_batch = 1` gives one fsync a
-//!   decision, kept as a benchmark baseline.
+//! - `save` encodes the record and hands it to the **writer thread**
+//!   ([`writer`]), which takes whatever is waiting (up to `max_batch`),
+//!   appends it to the journal segment with one `write` and one `fdatasync`
+//!   (group commit), puts the records in the in-memory *active* set
+//!   ([`overlay`]), and acknowledges every save of the group. Under load it
+//!   starts a group at most every `commit_window`, so that more saves share
+//!   each fsync, or sooner once as many saves wait as recent groups
+//!   carried, or once the runtime runs out of work ([`RuntimeIdle`],
+//!   [`gate`]). `max_batch = 1` gives one fsync a decision, kept as a
+//!   benchmark baseline.
 //! - When the segment reaches `segment_bytes`, or is older than
 //!   `segment_age`, the writer starts a new segment and freezes the active
-//!   set. The **checkpoint thread** writes the frozen set to redb in one
-//!   durable transaction, deletes the segment, and drops the frozen set. A
-//!   record saved many times within a segment is written to redb once. The
-//!   checkpoint thread runs at a lower priority than the rest of the process
-//!   (Linux): it takes the CPU that requests leave. It also yields the core
-//!   every [`YIELD_EVERY`] records it writes or frees: a lower priority
-//!   gives it a smaller share, not shorter turns, and a thread on a core
-//!   keeps it until its time slice ends (up to a scheduler tick, several
-//!   milliseconds) unless it blocks or yields, while the requests that came
-//!   in meanwhile wait.
-//! - If the active set outgrows four segments while a checkpoint is still
-//!   running, the writer waits for it: memory stays bounded.
+//!   set. The **checkpoint thread** ([`checkpoint`]) writes the frozen set to
+//!   redb in one durable transaction, retires the segment, and drops the
+//!   frozen set. A record saved many times within a segment is written to
+//!   redb once. The checkpoint thread runs at a lower priority than the rest
+//!   of the process (Linux): it takes the CPU that requests leave. It also
+//!   yields the core every [`YIELD_EVERY`](tables::YIELD_EVERY) records it
+//!   writes or frees: a lower priority gives it a smaller share, not shorter
+//!   turns, and a thread on a core keeps it until its time slice ends (up to
+//!   a scheduler tick, several milliseconds) unless it blocks or yields,
+//!   while the requests that came in meanwhile wait.
+//! - While a checkpoint runs, or fails and is retried, no segment is frozen
+//!   and the one being written grows. Once the journal bytes waiting for a
+//!   checkpoint reach `backlog_bytes`, saves are refused at once with
+//!   [`StoreError::Backlogged`] ([`backlog`]): memory and disk stay bounded,
+//!   nothing acknowledged is at risk, and saves are taken again once a
+//!   checkpoint frees room.
 //!
 //! # Reads
 //! `load` looks in the active set, then the frozen set, then redb (through a
@@ -43,22 +48,20 @@
 //! acknowledged save.
 //!
 //! # Recovery
-//! On open, segments left by a crash are replayed into redb, oldest first,
-//! then deleted. A torn last entry (a group whose `fdatasync` never
-//! returned, so never acknowledged) is ignored with a warning.
+//! On open, segments left by a crash are replayed into redb ([`recovery`]).
 //!
-//! # Layout of the redb file
-//! - `activities`: `(tenant, activity_id)` -> the record, encoded by
-//!   [`super::codec`] (MessagePack behind a format byte; JSON records of the
-//!   first versions are still read);
-//! - `purge_index`: `(purgeable_from_ms, tenant, activity_id)` -> `()`, so the
-//!   retention sweeper finds expired records without scanning them all.
+//! The tables of the redb file are described in [`tables`].
 
+mod backlog;
+mod checkpoint;
+mod gate;
+mod overlay;
+mod recovery;
+mod tables;
 mod writer;
 
+use std::error::Error;
 use std::future::ready;
-use std::hash::BuildHasher;
-use std::mem;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -66,21 +69,17 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::Either;
-use hashbrown::{HashTable, hash_table};
-use redb::{
-    Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata,
-    TableDefinition,
-};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTableMetadata};
 use tokio::sync::oneshot;
 
+use self::backlog::Backlog;
+use self::overlay::{Overlay, Pending};
+use self::tables::{ACTIVITIES, PURGE_INDEX, snapshot};
+use self::writer::{Command, Write, WriteError, WriterHandle};
 use super::{Replaced, Store, StoreError};
 use super::{codec, journal};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
-pub use writer::RuntimeIdle;
-use writer::{Command, Write, WriterHandle};
-
-const ACTIVITIES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("activities");
-const PURGE_INDEX: TableDefinition<(i64, &str, &str), ()> = TableDefinition::new("purge_index");
+pub use gate::RuntimeIdle;
 
 /// The file name of the database inside the data directory.
 pub const DB_FILE: &str = "retry-budget.redb";
@@ -103,13 +102,18 @@ pub struct RedbStoreOptions {
     pub cache_bytes: usize,
     /// A journal segment this large is checkpointed into redb. Records
     /// waiting for a checkpoint are held in memory: those of the segment
-    /// being written and of the one being checkpointed; while a checkpoint
-    /// is slow the segment being written may grow to four times this before
-    /// the writer waits, so about five segments' worth at most.
+    /// being written and of the one being checkpointed.
     pub segment_bytes: u64,
     /// A segment older than this is checkpointed even when small, so that
     /// redb alone is never far behind and recovery replays little.
     pub segment_age: Duration,
+    /// Journal bytes waiting for a checkpoint (the segment being written and
+    /// the one being checkpointed) from which saves are refused with
+    /// [`StoreError::Backlogged`], when checkpoints fall behind or fail. It
+    /// bounds the memory the pending records take. At least twice
+    /// `segment_bytes` is used, so that a segment can always be frozen
+    /// before saves are refused.
+    pub backlog_bytes: u64,
     /// Checkpoint everything when the store closes, leaving no journal. Only
     /// tests turn it off, to leave a journal behind as a crash would.
     pub checkpoint_on_close: bool,
@@ -117,11 +121,16 @@ pub struct RedbStoreOptions {
     /// runs out of work (see [`RuntimeIdle`]). Without it, only a complete
     /// group or the window's end does.
     pub runtime_idle: Option<RuntimeIdle>,
+    /// Tests only: asked before every checkpoint; `true` makes it fail, as a
+    /// failing database would.
+    #[doc(hidden)]
+    pub checkpoint_fault: Option<CheckpointFault>,
 }
 
 impl RedbStoreOptions {
     /// Defaults for a data directory: groups of up to 1024 saves, a 2 ms
-    /// commit window, 64 MiB of redb cache, 16 MiB or 5 s segments.
+    /// commit window, 64 MiB of redb cache, 16 MiB or 5 s segments, saves
+    /// refused from 80 MiB waiting for a checkpoint (five segments).
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
@@ -130,9 +139,23 @@ impl RedbStoreOptions {
             cache_bytes: 64 << 20,
             segment_bytes: 16 << 20,
             segment_age: Duration::from_secs(5),
+            backlog_bytes: 80 << 20,
             checkpoint_on_close: true,
             runtime_idle: None,
+            checkpoint_fault: None,
         }
+    }
+}
+
+/// Tests only: a fault hook for the checkpoint thread (see
+/// [`RedbStoreOptions::checkpoint_fault`]).
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct CheckpointFault(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for CheckpointFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointFault").finish_non_exhaustive()
     }
 }
 
@@ -163,124 +186,6 @@ impl CommitStats {
     }
 }
 
-/// A record saved since the last checkpoint.
-#[derive(Debug)]
-struct Pending {
-    /// The newest version, for `load`.
-    record: Arc<ActivityRecord>,
-    /// Its sealed journal entry, whose payload is what redb stores.
-    entry: Vec<u8>,
-    /// When the version redb holds (or will hold after the checkpoint
-    /// before this one) becomes purgeable: its place in the purge index.
-    stored_purge: Option<i64>,
-}
-
-/// Records by key, the key read from the record itself: a save sends no
-/// separate copy of its tenant and activity id. Keys come from clients, so
-/// the hasher is randomly seeded; it is foldhash rather than the standard
-/// SipHash because every load and every save looks a key up here.
-#[derive(Debug, Default)]
-struct Records {
-    table: HashTable<Pending>,
-    hasher: foldhash::fast::RandomState,
-}
-
-impl Records {
-    /// The hash of a key, given as its two strings.
-    fn hash(&self, tenant: &str, activity_id: &str) -> u64 {
-        key_hash(&self.hasher, tenant, activity_id)
-    }
-
-    fn get(&self, key: &ActivityKey) -> Option<&Pending> {
-        let (tenant, id) = (key.tenant.as_str(), key.activity_id.as_str());
-        self.table.find(self.hash(tenant, id), |p| {
-            p.record.tenant == tenant && p.record.activity_id == id
-        })
-    }
-
-    /// Holds `pending` as its record's newest version, and returns the
-    /// version it replaced. The newest version keeps the replaced one's
-    /// `stored_purge`: redb still holds the version that the first save of
-    /// the segment replaced, and that is where its purge time is indexed.
-    fn upsert(&mut self, mut pending: Pending) -> Option<Pending> {
-        let (tenant, id) = (&pending.record.tenant, &pending.record.activity_id);
-        let hash = self.hash(tenant, id);
-        let hasher = &self.hasher;
-        match self.table.entry(
-            hash,
-            |p| p.record.tenant == *tenant && p.record.activity_id == *id,
-            |p| key_hash(hasher, &p.record.tenant, &p.record.activity_id),
-        ) {
-            hash_table::Entry::Occupied(mut held) => {
-                pending.stored_purge = held.get().stored_purge;
-                Some(mem::replace(held.get_mut(), pending))
-            }
-            hash_table::Entry::Vacant(slot) => {
-                slot.insert(pending);
-                None
-            }
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Pending> {
-        self.table.iter()
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Pending> {
-        self.table.iter_mut()
-    }
-
-    fn len(&self) -> usize {
-        self.table.len()
-    }
-}
-
-/// The one way a key is hashed, for lookups and when the table grows alike.
-fn key_hash(hasher: &foldhash::fast::RandomState, tenant: &str, activity_id: &str) -> u64 {
-    hasher.hash_one((tenant, activity_id))
-}
-
-/// The records of one journal segment, being checkpointed.
-#[derive(Debug)]
-struct Frozen {
-    segment: PathBuf,
-    records: Records,
-}
-
-/// What saves changed and redb does not hold yet.
-#[derive(Debug, Default)]
-struct Overlay {
-    active: Records,
-    frozen: Option<Arc<Frozen>>,
-    /// Why the running checkpoint is failing, while it retries.
-    checkpoint_error: Option<String>,
-    /// The checkpointed segment kept for reuse: set by the checkpoint
-    /// thread, taken by the writer when it starts a segment.
-    spare: Spare,
-}
-
-/// Whether the data directory holds a checkpointed segment to recycle
-/// ([`journal::SPARE`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Spare {
-    /// None is kept: the next checkpoint keeps its segment.
-    #[default]
-    Wanted,
-    /// One is kept, for the writer's next segment.
-    Ready,
-    /// Recycling failed on this file system (one without
-    /// `RENAME_NOREPLACE`, say): checkpointed segments are deleted.
-    Off,
-}
-
-impl Overlay {
-    fn get(&self, key: &ActivityKey) -> Option<&Pending> {
-        self.active
-            .get(key)
-            .or_else(|| self.frozen.as_ref().and_then(|f| f.records.get(key)))
-    }
-}
-
 /// The `activities` table as of the last commit: one read snapshot shared by
 /// every `load` that misses the overlay, so a load does not open a read
 /// transaction and look the table up each time. It is replaced after every
@@ -296,6 +201,8 @@ struct Shared {
     overlay: Mutex<Overlay>,
     /// Signalled when a checkpoint ends or fails.
     checkpointed: Condvar,
+    /// What waits for a checkpoint, against its bound.
+    backlog: Backlog,
     stats: CommitStats,
 }
 
@@ -350,15 +257,27 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+/// Maps a failure of `op` to [`StoreError::Backend`], keeping it as the
+/// source.
+fn backend<E: Into<Box<dyn Error + Send + Sync>>>(
+    op: &'static str,
+) -> impl FnOnce(E) -> StoreError {
+    move |source| StoreError::Backend {
+        op,
+        source: source.into(),
+    }
 }
 
-fn corrupt(key: &ActivityKey, detail: impl std::fmt::Display) -> StoreError {
+fn corrupt(key: &ActivityKey, source: codec::DecodeError) -> StoreError {
     StoreError::Corrupt {
         key: format!("{}/{}", key.tenant, key.activity_id),
-        detail: detail.to_string(),
+        source,
     }
+}
+
+/// An I/O error that names the path it is about (the standard one does not).
+fn at_path(path: &Path, error: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("{}: {error}", path.display()))
 }
 
 impl RedbStore {
@@ -373,24 +292,31 @@ impl RedbStore {
     pub fn open(options: &RedbStoreOptions) -> Result<Self, StoreError> {
         let dir = &options.data_dir;
         std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| at_path(dir, e))
+            .map_err(backend("create the data directory"))?;
         let path = dir.join(DB_FILE);
         let db = Database::builder()
             .set_cache_size(options.cache_bytes)
             .create(&path)
-            .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
-        let txn = db.begin_write().map_err(backend)?;
-        txn.open_table(ACTIVITIES).map_err(backend)?;
-        txn.open_table(PURGE_INDEX).map_err(backend)?;
-        txn.commit().map_err(backend)?;
-        let next_generation = recover(&db, dir)?;
-        journal::discard_spare(dir).map_err(backend)?;
+            .map_err(|e| at_path(&path, e))
+            .map_err(backend("open the database"))?;
+        const CREATE: &str = "create the tables";
+        let txn = db.begin_write().map_err(backend(CREATE))?;
+        txn.open_table(ACTIVITIES).map_err(backend(CREATE))?;
+        txn.open_table(PURGE_INDEX).map_err(backend(CREATE))?;
+        txn.commit().map_err(backend(CREATE))?;
+        let next_generation = recovery::recover(&db, dir)?;
+        journal::discard_spare(dir).map_err(backend("delete an earlier run's spare segment"))?;
+        let backlog = options.backlog_bytes.max(2 * options.segment_bytes.max(1));
         let shared = Arc::new(Shared {
-            snapshot: Mutex::new(Arc::new(snapshot(&db).map_err(backend)?)),
+            snapshot: Mutex::new(Arc::new(
+                snapshot(&db).map_err(backend("read the database"))?,
+            )),
             db,
             dir: dir.clone(),
             overlay: Mutex::new(Overlay::default()),
             checkpointed: Condvar::new(),
+            backlog: Backlog::new(backlog),
             stats: CommitStats::default(),
         });
         let writer = WriterHandle::start(Arc::clone(&shared), options, next_generation)?;
@@ -418,14 +344,9 @@ impl RedbStore {
     pub async fn checkpoint(&self) -> Result<(), StoreError> {
         let (done, flushed) = oneshot::channel();
         self.writer.send(Command::Flush(done))?;
-        flushed
-            .await
-            .map_err(|_| StoreError::Closed)?
-            .map_err(StoreError::Backend)
+        Ok(flushed.await.map_err(|_| StoreError::Closed)??)
     }
-}
 
-impl RedbStore {
     /// The record of `key`: the overlay's version if a save of it is not yet
     /// checkpointed, else redb's. Never waits on the writer.
     fn read(&self, key: &ActivityKey) -> Result<Option<ActivityRecord>, StoreError> {
@@ -441,24 +362,27 @@ impl RedbStore {
             .shared
             .snapshot()
             .get((key.tenant.as_str(), key.activity_id.as_str()))
-            .map_err(backend)?
+            .map_err(backend("read a record"))?
         else {
             return Ok(None);
         };
         codec::decode(value.value())
             .map(Some)
-            .map_err(|e| corrupt(key, e))
+            .map_err(|source| corrupt(key, source))
     }
 
     /// Hands a save to the journal writer; the receiver answers once it is
-    /// durable.
+    /// durable. Refused at once while the backlog's bound is reached.
     fn submit(
         &self,
         record: ActivityRecord,
         replaces: Option<Replaced>,
-    ) -> Result<oneshot::Receiver<Result<(), String>>, StoreError> {
-        let entry =
-            journal::entry(|buf| codec::encode_into(&record, buf)).map_err(StoreError::Backend)?;
+    ) -> Result<oneshot::Receiver<Result<(), WriteError>>, StoreError> {
+        self.shared
+            .backlog
+            .admit()
+            .map_err(|retry_after| StoreError::Backlogged { retry_after })?;
+        let entry = journal::entry(|buf| codec::encode_into(&record, buf));
         let (done, acked) = oneshot::channel();
         self.writer.send(Command::Save(Write {
             pending: Pending {
@@ -489,11 +413,9 @@ impl Store for RedbStore {
         replaces: Option<Replaced>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         match self.submit(record, replaces) {
-            Ok(acked) => Either::Left(acked.map(|answer| {
-                answer
-                    .map_err(|_| StoreError::Closed)?
-                    .map_err(StoreError::Backend)
-            })),
+            Ok(acked) => {
+                Either::Left(acked.map(|answer| Ok(answer.map_err(|_| StoreError::Closed)??)))
+            }
             Err(e) => Either::Right(ready(Err(e))),
         }
     }
@@ -502,164 +424,19 @@ impl Store for RedbStore {
         self.checkpoint().await?;
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || {
-            let purged = purge_blocking(&shared.db, cutoff_ms, limit)?;
+            let purged = tables::purge(&shared.db, cutoff_ms, limit)?;
             shared.refresh_snapshot()?;
             Ok::<_, redb::Error>(purged)
         })
         .await
-        .map_err(backend)?
-        .map_err(backend)
+        .map_err(backend("run the purge"))?
+        .map_err(backend("purge"))
     }
 
     async fn count(&self) -> Result<u64, StoreError> {
         self.checkpoint().await?;
-        let txn = self.shared.db.begin_read().map_err(backend)?;
-        let table = txn.open_table(ACTIVITIES).map_err(backend)?;
-        table.len().map_err(backend)
+        let txn = self.shared.db.begin_read().map_err(backend("count"))?;
+        let table = txn.open_table(ACTIVITIES).map_err(backend("count"))?;
+        table.len().map_err(backend("count"))
     }
-}
-
-/// A read snapshot of the `activities` table.
-fn snapshot(
-    db: &Database,
-) -> Result<ReadOnlyTable<(&'static str, &'static str), &'static [u8]>, redb::Error> {
-    Ok(db.begin_read()?.open_table(ACTIVITIES)?)
-}
-
-/// How many records the checkpoint thread writes into redb, or frees, before
-/// it yields the core to whatever else is ready to run on it: about 0.2 ms
-/// of work on the 2-core VM of BENCHMARKS.md. Without the yields it held
-/// the core for up to 4.6 ms at a time while requests waited; with them,
-/// at 128 streams, the p99 of a durable decision went from 5.4-5.5 ms to
-/// 3.8-4.2 ms and the server's idle time from 5.0% to 2.1%. The price is
-/// memory: a checkpoint takes longer from start to end, and the saves made
-/// meanwhile wait in memory (docs/benchmarks-log.md, "Runs AK to AO").
-pub(super) const YIELD_EVERY: usize = 64;
-
-/// Called by the checkpoint thread after its `n`th record (from 0) written
-/// or freed: yields the core after every [`YIELD_EVERY`].
-pub(super) fn pace(n: usize) {
-    if n % YIELD_EVERY == YIELD_EVERY - 1 {
-        std::thread::yield_now();
-    }
-}
-
-/// Writes `records` into redb in one durable transaction, moving each in
-/// the purge index from where the stored version was to where the new one
-/// goes.
-fn checkpoint_into(db: &Database, records: &Records) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
-    {
-        let mut activities = txn.open_table(ACTIVITIES)?;
-        let mut index = txn.open_table(PURGE_INDEX)?;
-        // In key order: consecutive inserts land in the same or the next
-        // leaf, which is still in the CPU's cache.
-        let mut sorted: Vec<_> = records.iter().collect();
-        sorted.sort_unstable_by(|a, b| {
-            (&a.record.tenant, &a.record.activity_id)
-                .cmp(&(&b.record.tenant, &b.record.activity_id))
-        });
-        for (n, pending) in sorted.into_iter().enumerate() {
-            pace(n);
-            let (tenant, id) = (
-                pending.record.tenant.as_str(),
-                pending.record.activity_id.as_str(),
-            );
-            activities.insert((tenant, id), journal::payload(&pending.entry))?;
-            let purge = pending.record.purgeable_from_ms();
-            if pending.stored_purge != purge {
-                if let Some(at) = pending.stored_purge {
-                    index.remove((at, tenant, id))?;
-                }
-                if let Some(at) = purge {
-                    index.insert((at, tenant, id), ())?;
-                }
-            }
-        }
-    }
-    txn.commit()?;
-    Ok(())
-}
-
-/// Replays the journal segments a crash left into redb, oldest first, and
-/// deletes them. Returns the generation for the next segment.
-fn recover(db: &Database, dir: &Path) -> Result<u64, StoreError> {
-    let segments = journal::segments(dir).map_err(backend)?;
-    let next = segments.last().map_or(1, |(generation, _)| generation + 1);
-    for (generation, path) in segments {
-        let contents = journal::read(&path, generation).map_err(backend)?;
-        if contents.torn {
-            tracing::warn!(
-                segment = %path.display(),
-                ignored_bytes = contents.ignored_bytes,
-                "journal: ignored a torn tail (a group commit that never completed, so never acknowledged)"
-            );
-        }
-        let mut records = Records::default();
-        for payload in contents.payloads {
-            let record = codec::decode(&payload).map_err(|detail| StoreError::Corrupt {
-                key: format!("journal segment {generation}"),
-                detail,
-            })?;
-            let mut entry = journal::open_frame(payload.len());
-            entry.extend_from_slice(&payload);
-            records.upsert(Pending {
-                record: Arc::new(record),
-                entry,
-                stored_purge: None,
-            });
-        }
-        let replayed = records.len();
-        stored_purges(db, &mut records)?;
-        checkpoint_into(db, &records).map_err(backend)?;
-        std::fs::remove_file(&path).map_err(backend)?;
-        tracing::info!(segment = %path.display(), records = replayed, "journal: replayed into the database");
-    }
-    journal::sync_dir(dir).map_err(backend)?;
-    Ok(next)
-}
-
-/// Fills in where the versions redb holds sit in the purge index.
-fn stored_purges(db: &Database, records: &mut Records) -> Result<(), StoreError> {
-    let txn = db.begin_read().map_err(backend)?;
-    let table = txn.open_table(ACTIVITIES).map_err(backend)?;
-    for pending in records.iter_mut() {
-        let (tenant, id) = (
-            pending.record.tenant.as_str(),
-            pending.record.activity_id.as_str(),
-        );
-        if let Some(value) = table.get((tenant, id)).map_err(backend)? {
-            let stored =
-                codec::decode(value.value()).map_err(|e| corrupt(&pending.record.key(), e))?;
-            pending.stored_purge = stored.purgeable_from_ms();
-        }
-    }
-    Ok(())
-}
-
-/// One write transaction that deletes up to `limit` expired activities.
-fn purge_blocking(db: &Database, cutoff_ms: i64, limit: usize) -> Result<usize, redb::Error> {
-    let txn = db.begin_write()?;
-    let mut purged = 0;
-    {
-        let mut activities = txn.open_table(ACTIVITIES)?;
-        let mut index = txn.open_table(PURGE_INDEX)?;
-        let expired: Vec<(i64, String, String)> = index
-            .range((i64::MIN, "", "")..(cutoff_ms, "", ""))?
-            .take(limit)
-            .map(|entry| {
-                entry.map(|(k, _)| {
-                    let (at, tenant, id) = k.value();
-                    (at, tenant.to_owned(), id.to_owned())
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        for (at, tenant, id) in &expired {
-            index.remove((*at, tenant.as_str(), id.as_str()))?;
-            activities.remove((tenant.as_str(), id.as_str()))?;
-            purged += 1;
-        }
-    }
-    txn.commit()?;
-    Ok(purged)
 }

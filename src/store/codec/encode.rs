@@ -1,0 +1,218 @@
+//! Writes a record in the stored schema straight from the core's types.
+//!
+//! Building the generated message first would copy every string of the
+//! record (a dozen allocations for a record of four events) on every save,
+//! only to encode and drop them. The fields are written here instead, in
+//! field-number order and with proto3's rules for defaults, so the bytes are
+//! exactly those prost writes for the same message:
+//! `codec::tests::the_writer_agrees_with_the_generated_message` checks it.
+
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+use super::pb;
+use crate::budget::activity::{ActivityRecord, Event, Policy, Reservation};
+use crate::budget::hint::{Hint, IgnoredHints};
+
+/// Appends the fields of `record` to `out`.
+pub(super) fn record(record: &ActivityRecord, out: &mut Vec<u8>) {
+    record.fields(out);
+}
+
+/// Where fields go: a buffer, or a count of the bytes they take (a nested
+/// message is preceded by its length, so it is measured before it is
+/// written).
+trait Out: Sized {
+    /// A varint field, written even when zero.
+    fn varint(&mut self, tag: u32, value: u64);
+    /// A length-delimited field of raw bytes, written even when empty.
+    fn delimited(&mut self, tag: u32, bytes: &[u8]);
+    /// A nested message, written even when it has no field set.
+    fn message<M: Fields>(&mut self, tag: u32, message: &M);
+
+    /// An unsigned number, left out when zero (proto3's implicit presence).
+    fn uint(&mut self, tag: u32, value: u64) {
+        if value != 0 {
+            self.varint(tag, value);
+        }
+    }
+
+    /// An `int64`, left out when zero; negative numbers take ten bytes, as
+    /// protobuf writes them.
+    fn int(&mut self, tag: u32, value: i64) {
+        if value != 0 {
+            self.varint(tag, value as u64);
+        }
+    }
+
+    /// An enum's number, left out when 0 (unspecified).
+    fn enumeration(&mut self, tag: u32, value: i32) {
+        self.int(tag, i64::from(value));
+    }
+
+    /// A `bool`, left out when false.
+    fn flag(&mut self, tag: u32, value: bool) {
+        if value {
+            self.varint(tag, 1);
+        }
+    }
+
+    /// A `string`, left out when empty.
+    fn string(&mut self, tag: u32, value: &str) {
+        if !value.is_empty() {
+            self.delimited(tag, value.as_bytes());
+        }
+    }
+
+    /// An `optional int64`: written whenever it is set.
+    fn optional_int(&mut self, tag: u32, value: Option<i64>) {
+        if let Some(value) = value {
+            self.varint(tag, value as u64);
+        }
+    }
+
+    /// An `optional uint32`: written whenever it is set.
+    fn optional_uint(&mut self, tag: u32, value: Option<u32>) {
+        if let Some(value) = value {
+            self.varint(tag, u64::from(value));
+        }
+    }
+
+    /// An `optional string`: written whenever it is set, even empty.
+    fn optional_string(&mut self, tag: u32, value: Option<&str>) {
+        if let Some(value) = value {
+            self.delimited(tag, value.as_bytes());
+        }
+    }
+}
+
+/// Counts the bytes that fields take.
+struct Len(usize);
+
+impl Out for Len {
+    fn varint(&mut self, tag: u32, value: u64) {
+        self.0 += key_len(tag) + encoded_len_varint(value);
+    }
+
+    fn delimited(&mut self, tag: u32, bytes: &[u8]) {
+        self.0 += key_len(tag) + encoded_len_varint(bytes.len() as u64) + bytes.len();
+    }
+
+    fn message<M: Fields>(&mut self, tag: u32, message: &M) {
+        let len = measure(message);
+        self.0 += key_len(tag) + encoded_len_varint(len as u64) + len;
+    }
+}
+
+impl Out for Vec<u8> {
+    fn varint(&mut self, tag: u32, value: u64) {
+        encode_key(tag, WireType::Varint, self);
+        encode_varint(value, self);
+    }
+
+    fn delimited(&mut self, tag: u32, bytes: &[u8]) {
+        encode_key(tag, WireType::LengthDelimited, self);
+        encode_varint(bytes.len() as u64, self);
+        self.extend_from_slice(bytes);
+    }
+
+    fn message<M: Fields>(&mut self, tag: u32, message: &M) {
+        encode_key(tag, WireType::LengthDelimited, self);
+        encode_varint(measure(message) as u64, self);
+        message.fields(self);
+    }
+}
+
+/// The encoded length of a message's fields.
+fn measure<M: Fields>(message: &M) -> usize {
+    let mut len = Len(0);
+    message.fields(&mut len);
+    len.0
+}
+
+/// A type written as one message of the stored schema. The field numbers
+/// are those of `proto/retrybudget/store/v1/record.proto`.
+trait Fields {
+    fn fields<O: Out>(&self, out: &mut O);
+}
+
+impl Fields for ActivityRecord {
+    fn fields<O: Out>(&self, out: &mut O) {
+        out.string(1, &self.tenant);
+        out.string(2, &self.activity_id);
+        out.string(3, &self.workflow_id);
+        out.message(4, &self.policy);
+        out.int(5, self.started_at_ms);
+        out.uint(6, u64::from(self.attempts));
+        out.enumeration(7, pb::Status::from(self.status).into());
+        out.optional_string(8, self.closed_code.as_deref());
+        out.optional_int(9, self.closed_at_ms);
+        if let Some(reservation) = &self.reservation {
+            out.message(10, reservation);
+        }
+        for event in &self.events {
+            out.message(11, &**event);
+        }
+    }
+}
+
+impl Fields for Policy {
+    fn fields<O: Out>(&self, out: &mut O) {
+        out.uint(1, u64::from(self.max_attempts));
+        out.uint(2, self.deadline_seconds);
+        out.optional_uint(3, self.base);
+        out.optional_uint(4, self.cap);
+    }
+}
+
+impl Fields for Reservation {
+    fn fields<O: Out>(&self, out: &mut O) {
+        out.uint(1, u64::from(self.attempt));
+        out.int(2, self.not_before_ms);
+        out.flag(3, self.booked);
+    }
+}
+
+impl Fields for Event {
+    fn fields<O: Out>(&self, out: &mut O) {
+        out.enumeration(1, pb::EventKind::from(self.kind).into());
+        out.uint(2, u64::from(self.attempt));
+        out.enumeration(3, pb::ErrorClass::from(self.class).into());
+        out.int(4, self.occurred_at_ms);
+        out.flag(5, self.occurred_at_stamped);
+        out.uint(6, self.elapsed_ms);
+        out.uint(7, self.backoff_ms);
+        out.uint(8, u64::from(self.delay_seconds));
+        out.uint(9, self.delay_ms);
+        out.optional_int(10, self.not_before_ms);
+        out.enumeration(11, pb::Action::from(self.action).into());
+        out.string(12, &self.code);
+        out.string(13, &self.reason);
+        out.flag(14, self.token_taken);
+        out.optional_string(15, self.defer_reason.as_deref());
+        out.optional_string(16, self.rule.as_deref());
+        if let Some(hint) = &self.hint {
+            out.message(17, hint);
+        }
+        out.int(18, self.recorded_at_ms);
+    }
+}
+
+impl Fields for Hint {
+    fn fields<O: Out>(&self, out: &mut O) {
+        out.uint(1, self.delay_ms);
+        out.enumeration(2, pb::HintSource::from(self.source).into());
+        out.flag(3, self.capped);
+        out.flag(4, self.do_not_retry);
+        if !self.ignored.is_empty() {
+            out.message(5, &self.ignored);
+        }
+    }
+}
+
+impl Fields for IgnoredHints {
+    fn fields<O: Out>(&self, out: &mut O) {
+        out.flag(1, self.retry_after);
+        out.flag(2, self.date);
+        out.flag(3, self.retry_info);
+    }
+}

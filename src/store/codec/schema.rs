@@ -1,0 +1,186 @@
+//! The stored schema's types and the core's, converted: enums both ways (the
+//! writer in `encode` takes their numbers from here), messages from the
+//! stored form to the core's, refusing what this release cannot represent.
+
+use std::sync::Arc;
+
+use super::{DecodeError, pb};
+use crate::budget::action::{Action, ErrorClass};
+use crate::budget::activity::{ActivityRecord, Event, EventKind, Policy, Reservation, Status};
+use crate::budget::hint::{Hint, HintSource, IgnoredHints};
+
+impl From<Status> for pb::Status {
+    fn from(status: Status) -> Self {
+        match status {
+            Status::Open => Self::Open,
+            Status::Parked => Self::Parked,
+            Status::Closed => Self::Closed,
+        }
+    }
+}
+
+impl From<EventKind> for pb::EventKind {
+    fn from(kind: EventKind) -> Self {
+        match kind {
+            EventKind::Decision => Self::Decision,
+            EventKind::Success => Self::Success,
+            EventKind::Resolution => Self::Resolution,
+        }
+    }
+}
+
+impl From<Option<ErrorClass>> for pb::ErrorClass {
+    fn from(class: Option<ErrorClass>) -> Self {
+        match class {
+            None => Self::Unspecified,
+            Some(ErrorClass::Transient) => Self::Transient,
+            Some(ErrorClass::Permanent) => Self::Permanent,
+            Some(ErrorClass::Unknown) => Self::Unknown,
+        }
+    }
+}
+
+impl From<Option<Action>> for pb::Action {
+    fn from(action: Option<Action>) -> Self {
+        match action {
+            None => Self::Unspecified,
+            Some(Action::ScheduleRetry) => Self::ScheduleRetry,
+            Some(Action::AttemptsExhausted) => Self::AttemptsExhausted,
+            Some(Action::DeadlineExceeded) => Self::DeadlineExceeded,
+            Some(Action::FailPermanent) => Self::FailPermanent,
+            Some(Action::ManualReview) => Self::ManualReview,
+            Some(Action::Deferred) => Self::Deferred,
+        }
+    }
+}
+
+impl From<Option<HintSource>> for pb::HintSource {
+    fn from(source: Option<HintSource>) -> Self {
+        match source {
+            None => Self::Unspecified,
+            Some(HintSource::RetryAfterSeconds) => Self::RetryAfterSeconds,
+            Some(HintSource::RetryAfterDate) => Self::RetryAfterDate,
+            Some(HintSource::GrpcRetryPushback) => Self::GrpcRetryPushback,
+            Some(HintSource::RetryInfo) => Self::RetryInfo,
+        }
+    }
+}
+
+/// The enum `E` of a stored number, which must be one this release knows.
+fn known<E: TryFrom<i32>>(field: &'static str, value: i32) -> Result<E, DecodeError> {
+    E::try_from(value).map_err(|_| DecodeError::UnknownValue { field, value })
+}
+
+impl TryFrom<pb::ActivityRecord> for ActivityRecord {
+    type Error = DecodeError;
+
+    fn try_from(stored: pb::ActivityRecord) -> Result<Self, DecodeError> {
+        let policy = stored.policy.ok_or(DecodeError::Missing("policy"))?;
+        let status = match known("status", stored.status)? {
+            pb::Status::Open => Status::Open,
+            pb::Status::Parked => Status::Parked,
+            pb::Status::Closed => Status::Closed,
+            pb::Status::Unspecified => return Err(DecodeError::Missing("status")),
+        };
+        Ok(Self {
+            tenant: stored.tenant,
+            activity_id: stored.activity_id,
+            workflow_id: stored.workflow_id,
+            policy: Policy {
+                max_attempts: policy.max_attempts,
+                deadline_seconds: policy.deadline_seconds,
+                base: policy.base,
+                cap: policy.cap,
+            },
+            started_at_ms: stored.started_at_ms,
+            attempts: stored.attempts,
+            status,
+            closed_code: stored.closed_code,
+            closed_at_ms: stored.closed_at_ms,
+            reservation: stored.reservation.map(|r| Reservation {
+                attempt: r.attempt,
+                not_before_ms: r.not_before_ms,
+                booked: r.booked,
+            }),
+            events: stored
+                .events
+                .into_iter()
+                .map(|e| Event::try_from(e).map(Arc::new))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+impl TryFrom<pb::Event> for Event {
+    type Error = DecodeError;
+
+    fn try_from(stored: pb::Event) -> Result<Self, DecodeError> {
+        let kind = match known("event.kind", stored.kind)? {
+            pb::EventKind::Decision => EventKind::Decision,
+            pb::EventKind::Success => EventKind::Success,
+            pb::EventKind::Resolution => EventKind::Resolution,
+            pb::EventKind::Unspecified => return Err(DecodeError::Missing("event.kind")),
+        };
+        let class = match known("event.class", stored.class)? {
+            pb::ErrorClass::Unspecified => None,
+            pb::ErrorClass::Transient => Some(ErrorClass::Transient),
+            pb::ErrorClass::Permanent => Some(ErrorClass::Permanent),
+            pb::ErrorClass::Unknown => Some(ErrorClass::Unknown),
+        };
+        let action = match known("event.action", stored.action)? {
+            pb::Action::Unspecified => None,
+            pb::Action::ScheduleRetry => Some(Action::ScheduleRetry),
+            pb::Action::AttemptsExhausted => Some(Action::AttemptsExhausted),
+            pb::Action::DeadlineExceeded => Some(Action::DeadlineExceeded),
+            pb::Action::FailPermanent => Some(Action::FailPermanent),
+            pb::Action::ManualReview => Some(Action::ManualReview),
+            pb::Action::Deferred => Some(Action::Deferred),
+        };
+        Ok(Self {
+            kind,
+            attempt: stored.attempt,
+            class,
+            occurred_at_ms: stored.occurred_at_ms,
+            occurred_at_stamped: stored.occurred_at_stamped,
+            elapsed_ms: stored.elapsed_ms,
+            backoff_ms: stored.backoff_ms,
+            delay_seconds: stored.delay_seconds,
+            delay_ms: stored.delay_ms,
+            not_before_ms: stored.not_before_ms,
+            action,
+            code: stored.code,
+            reason: stored.reason,
+            token_taken: stored.token_taken,
+            defer_reason: stored.defer_reason,
+            rule: stored.rule,
+            hint: stored.hint.map(Hint::try_from).transpose()?,
+            recorded_at_ms: stored.recorded_at_ms,
+        })
+    }
+}
+
+impl TryFrom<pb::Hint> for Hint {
+    type Error = DecodeError;
+
+    fn try_from(stored: pb::Hint) -> Result<Self, DecodeError> {
+        let source = match known("hint.source", stored.source)? {
+            pb::HintSource::Unspecified => None,
+            pb::HintSource::RetryAfterSeconds => Some(HintSource::RetryAfterSeconds),
+            pb::HintSource::RetryAfterDate => Some(HintSource::RetryAfterDate),
+            pb::HintSource::GrpcRetryPushback => Some(HintSource::GrpcRetryPushback),
+            pb::HintSource::RetryInfo => Some(HintSource::RetryInfo),
+        };
+        let ignored = stored.ignored.unwrap_or_default();
+        Ok(Self {
+            delay_ms: stored.delay_ms,
+            source,
+            capped: stored.capped,
+            do_not_retry: stored.do_not_retry,
+            ignored: IgnoredHints {
+                retry_after: ignored.retry_after,
+                date: ignored.date,
+                retry_info: ignored.retry_info,
+            },
+        })
+    }
+}

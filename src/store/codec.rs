@@ -237,7 +237,10 @@ mod tests {
         // Negative numbers and empty optional strings take the rare paths.
         record.started_at_ms = -1;
         record.closed_code = Some(String::new());
-        for record in [sample(), record] {
+        // A message whose length takes three bytes of varint.
+        let mut long = sample();
+        std::sync::Arc::make_mut(&mut long.events[0]).reason = "x".repeat(20_000);
+        for record in [sample(), record, long] {
             let bytes = encoded(&record);
             assert_eq!(&bytes[1..], message(&record).encode_to_vec().as_slice());
             assert_eq!(decode(&bytes).unwrap(), record);

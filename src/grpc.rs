@@ -1,4 +1,5 @@
-//! The `retrybudget.v1` edge: the only place protobuf types exist.
+//! The `retrybudget.v1` edge: the only place the API's protobuf types exist
+//! (the store keeps its own, private schema for what it writes).
 //!
 //! - [`pb`]: the generated messages, service and descriptor set.
 //! - [`codec`]: tonic-prost's codec, decoding each message from one slice.

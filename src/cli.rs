@@ -1,6 +1,5 @@
 //! The command line: `serve` (the default) runs the service; `delay`,
-//! `next-action` and `explain` answer people without grpcurl
-//! ([`client`]).
+//! `next-action` and `explain` answer people without grpcurl (in `client`).
 //!
 //! Every `serve` flag is optional and overrides one key of the
 //! configuration file (see [`crate::config`]): what no flag, variable or

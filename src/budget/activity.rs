@@ -6,7 +6,7 @@
 //! stamp a missing time, which is then recorded), and returns either the
 //! recorded decision to replay or a [`Draft`]: the new decision and the new
 //! record, waiting for the global retry token. The caller settles the token
-//! ([`Draft::grant`], [`Draft::defer`]), makes the record durable, and only
+//! ([`Draft::take_token`] or [`Draft::settle`]), makes the record durable, and only
 //! then replies.
 //!
 //! # Logical time

@@ -1,7 +1,8 @@
-//! The real binary: SIGKILL it under concurrent load, restart it on the
-//! same data directory, and check that every acknowledged decision survived
-//! and that attempt counts continued: none reset, none counted twice. Also
-//! the process settings it makes at start.
+//! The real binary: SIGKILL it under concurrent load (also while its
+//! checkpoints run), restart it on the same data directory, and check that
+//! every acknowledged decision survived and that attempt counts continued:
+//! none reset, none counted twice. Also the process settings it makes at
+//! start.
 
 mod common;
 
@@ -19,22 +20,24 @@ use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 use tonic::transport::Channel;
 
-/// Starts the binary on an ephemeral port and returns it with its address,
-/// read from its "serving" log line.
-async fn spawn_server(data_dir: &Path) -> (Child, String) {
+/// Starts the binary on an ephemeral port, with `extra` flags, and returns
+/// it with its address, read from its "serving" log line.
+async fn spawn_server(data_dir: &Path, extra: &[&str]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
         .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
-        // A bucket too large to defer: this test is about durability.
+        // A bucket too large to defer: these tests are about durability.
         .args(["--retry-rate", "1000000", "--retry-burst", "1000000"])
+        .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
+        .env_remove("RETRY_BUDGET_CONFIG")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start the binary");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(20), async {
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.expect("read stderr") {
             if line.contains("serving")
                 && let Some(rest) = line.split("addr=").nth(1)
@@ -58,7 +61,6 @@ async fn connect(url: &str) -> RetryBudgetClient<Channel> {
 }
 
 const WORKERS: usize = 16;
-const ACTIVITIES_PER_WORKER: usize = 4;
 
 fn durable_report(id: &str, attempt: u32) -> pb::NextActionRequest {
     let mut r = report(id, attempt, pb::ErrorClass::Transient);
@@ -72,25 +74,28 @@ fn durable_report(id: &str, attempt: u32) -> pb::NextActionRequest {
     r
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_mid_load_loses_no_acknowledged_decision() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, url) = spawn_server(dir.path()).await;
+/// Walks `per_worker` activities of each of [`WORKERS`] workers through
+/// their attempts against `url` until `enough` says so of the number of
+/// acknowledged decisions (a generous bound fails the test on a machine too
+/// slow for it), then SIGKILLs the server. Returns the last acknowledged
+/// attempt of each activity.
+async fn kill_under_load(
+    mut child: Child,
+    url: &str,
+    per_worker: usize,
+    enough: impl Fn(u64) -> bool,
+) -> HashMap<String, u32> {
     let acked: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let count = Arc::new(AtomicU64::new(0));
     let progress = Arc::new(Notify::new());
-
     let mut workers = Vec::new();
     for w in 0..WORKERS {
         let acked = Arc::clone(&acked);
         let (count, progress) = (Arc::clone(&count), Arc::clone(&progress));
-        let mut client = connect(&url).await;
+        let mut client = connect(url).await;
         workers.push(tokio::spawn(async move {
-            let ids: Vec<String> = (0..ACTIVITIES_PER_WORKER)
-                .map(|i| format!("crash-{w}-{i}"))
-                .collect();
-            let mut attempt = 1;
-            loop {
+            let ids: Vec<String> = (0..per_worker).map(|i| format!("crash-{w}-{i}")).collect();
+            for attempt in 1.. {
                 for id in &ids {
                     match client.next_action(durable_report(id, attempt)).await {
                         Ok(r) => {
@@ -105,31 +110,32 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
                         Err(_) => return,
                     }
                 }
-                attempt += 1;
             }
         }));
     }
-    // Let the load run until enough decisions were acknowledged to mean
-    // something (a generous bound says so if the machine is too slow),
-    // then kill the server without warning.
     tokio::time::timeout(Duration::from_secs(120), async {
-        while count.load(Ordering::Relaxed) < 500 {
+        while !enough(count.load(Ordering::Relaxed)) {
             progress.notified().await;
         }
     })
     .await
-    .expect("500 decisions acknowledged within two minutes");
+    .unwrap_or_else(|_| panic!("too slow: {} decisions", count.load(Ordering::Relaxed)));
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("reaped");
     for w in workers {
         w.await.expect("worker");
     }
     let acked = acked.lock().unwrap().clone();
-    let total: u32 = acked.values().sum();
+    acked
+}
 
-    let (_child, url) = spawn_server(dir.path()).await;
+/// Restarts the server on `dir` and checks that every acknowledged decision
+/// survived, each attempt recorded once, and that attempt counts continue:
+/// an old attempt replays, the next is new, none may be skipped.
+async fn check_survivors(dir: &Path, acked: &HashMap<String, u32>) {
+    let (_child, url) = spawn_server(dir, &[]).await;
     let mut client = connect(&url).await;
-    for (id, &last_acked) in &acked {
+    for (id, &last_acked) in acked {
         let activity = client
             .get_activity(pb::GetActivityRequest {
                 activity_id: id.clone(),
@@ -150,8 +156,6 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
             attempts, expected,
             "{id}: each attempt recorded exactly once"
         );
-
-        // Attempt counts continue: an old attempt replays, the next is new.
         let replay = client
             .next_action(durable_report(id, 1))
             .await
@@ -171,9 +175,66 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
             .expect_err("no skipping after a restart");
         assert!(reset.message().starts_with("attempt_out_of_order"));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_load_loses_no_acknowledged_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, url) = spawn_server(dir.path(), &[]).await;
+    let acked = kill_under_load(child, &url, 4, |acked| acked >= 500).await;
+    check_survivors(dir.path(), &acked).await;
     eprintln!(
-        "{} activities, {total} acknowledged decisions survived SIGKILL",
-        acked.len()
+        "{} activities, {} acknowledged decisions survived SIGKILL",
+        acked.len(),
+        acked.values().sum::<u32>()
+    );
+}
+
+/// The newest journal segment's generation in `dir` (0 when none).
+fn newest_segment(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| {
+                    let name = e.ok()?.file_name().into_string().ok()?;
+                    name.strip_prefix("journal-")?
+                        .strip_suffix(".log")?
+                        .parse()
+                        .ok()
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// A crash while checkpoints run: small, short-lived journal segments, so
+/// that the journal is rotated and written into the database over and over
+/// under load, until the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_checkpoints_run_loses_no_acknowledged_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = [
+        "--journal-segment-mib",
+        "1",
+        "--journal-segment-age",
+        "20ms",
+    ];
+    let (child, url) = spawn_server(dir.path(), &small).await;
+    let first_segment = newest_segment(dir.path());
+    // Killed once enough decisions were acknowledged and several segments
+    // were rotated (each one handed to the checkpoint thread).
+    let rotated = |d: &Path| newest_segment(d).saturating_sub(first_segment);
+    let acked = kill_under_load(child, &url, 8, |acked| {
+        acked >= 2_000 && rotated(dir.path()) >= 10
+    })
+    .await;
+    let rotations = rotated(dir.path());
+    check_survivors(dir.path(), &acked).await;
+    eprintln!(
+        "{} activities, {} acknowledged decisions over {rotations} segment rotations survived SIGKILL",
+        acked.len(),
+        acked.values().sum::<u32>()
     );
 }
 
@@ -183,7 +244,7 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
 #[tokio::test]
 async fn the_server_runs_without_transparent_huge_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, _url) = spawn_server(dir.path()).await;
+    let (mut child, _url) = spawn_server(dir.path(), &[]).await;
     let pid = child.id().expect("running");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     child.kill().await.unwrap();

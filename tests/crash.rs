@@ -125,8 +125,7 @@ async fn kill_under_load(
     for w in workers {
         w.await.expect("worker");
     }
-    let acked = acked.lock().unwrap().clone();
-    acked
+    std::mem::take(&mut *acked.lock().unwrap())
 }
 
 /// Restarts the server on `dir` and checks that every acknowledged decision

@@ -126,11 +126,15 @@ pub async fn serve<S: Store>(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RetryBudgetServer::new(service));
-    let serving = router.serve_with_incoming_shutdown(
+    // The ledger (hence the store) is held from here on by the service,
+    // each connection's copy of it, and the sweeper; `released` tells when
+    // the last of them is gone.
+    let released = Arc::downgrade(&ledger);
+    drop(ledger);
+    let mut serving = Box::pin(router.serve_with_incoming_shutdown(
         incoming::incoming(listener, stop.clone()),
         stop.clone().cancelled_owned(),
-    );
-    tokio::pin!(serving);
+    ));
     tracing::info!(
         addr = %local,
         service = SERVICE_NAME,
@@ -141,39 +145,63 @@ pub async fn serve<S: Store>(
         "serving"
     );
 
-    tokio::select! {
-        result = &mut serving => {
-            stop_task(sweeper).await;
-            return result.map_err(Into::into);
+    let result = async {
+        tokio::select! {
+            result = &mut serving => {
+                stop_task(sweeper).await;
+                return result.map_err(Into::into);
+            }
+            () = shutdown => {}
         }
-        () = shutdown => {}
-    }
 
-    tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
-    draining.start();
-    health
-        .set_not_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
-    stop_task(sweeper).await;
+        tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
+        draining.start();
+        health
+            .set_not_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
+            .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        stop_task(sweeper).await;
 
-    // Keep answering (health says NOT_SERVING, calls are refused) so that a
-    // mesh notices before connections go away.
-    if tokio::time::timeout(config.server.drain_delay, &mut serving)
-        .await
-        .is_ok()
-    {
-        return Ok(());
-    }
-    stop.cancel();
-    match tokio::time::timeout(config.server.grace_period, &mut serving).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(_) => {
-            tracing::warn!(grace_period = ?config.server.grace_period, "calls still in flight after the grace period; stopping");
-            Ok(())
+        // Keep answering (health says NOT_SERVING, calls are refused) so that a
+        // mesh notices before connections go away.
+        if tokio::time::timeout(config.server.drain_delay, &mut serving)
+            .await
+            .is_ok()
+        {
+            return Ok(());
         }
+        stop.cancel();
+        match tokio::time::timeout(config.server.grace_period, &mut serving).await {
+            Ok(result) => result.map_err(Into::into),
+            Err(_) => {
+                tracing::warn!(grace_period = ?config.server.grace_period, "calls still in flight after the grace period; stopping");
+                Ok(())
+            }
+        }
+    }
+    .await;
+    drop(serving);
+    wait_released(&released, config.server.grace_period).await;
+    result
+}
+
+/// Waits, at most `bound`, until nothing holds the ledger any more: a
+/// connection's task may still hold a copy of the service for a moment
+/// after the server stopped, and the store's file must be free when `run`
+/// returns, so that the same data directory can be opened again at once.
+async fn wait_released<T>(ledger: &std::sync::Weak<T>, bound: Duration) {
+    let waited = tokio::time::timeout(bound, async {
+        while ledger.strong_count() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    if waited.await.is_err() {
+        tracing::warn!(
+            holders = ledger.strong_count(),
+            "the store is still held after the grace period; returning anyway"
+        );
     }
 }
 

@@ -274,3 +274,24 @@ async fn a_connection_that_never_spoke_does_not_hold_the_drain() {
         .ok();
     assert!(sent.len() < 100, "no more than a SETTINGS frame: {sent:?}");
 }
+
+/// Once `run` returns, the store's file is free: a restart on the same data
+/// directory succeeds at once, even with a client's connection still open
+/// when the server stopped (a connection's task may hold the service, hence
+/// the store, for a moment after the server stops serving).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_is_released_when_the_server_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..30 {
+        let server = TestServer::start_in(dir.path().to_path_buf(), |_| {}).await;
+        let mut client = server.client().await;
+        client
+            .next_action(report(&format!("r{round}"), 1, pb::ErrorClass::Transient))
+            .await
+            .expect("served");
+        server.stop().await.expect("clean stop");
+        let reopened = RedbStore::open(&RedbStoreOptions::new(dir.path()));
+        assert!(reopened.is_ok(), "round {round}: {:?}", reopened.err());
+        drop(client);
+    }
+}

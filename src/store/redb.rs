@@ -209,14 +209,16 @@ struct Shared {
 impl Shared {
     /// Takes a new read snapshot, after a commit.
     fn refresh_snapshot(&self) -> Result<(), redb::Error> {
+        let mut current = self
+            .snapshot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Opened under the lock: two refreshes (a checkpoint's and a
+        // purge's) then install their snapshots in the order they were
+        // taken, so an older one never replaces a newer one.
         let fresh = Arc::new(snapshot(&self.db)?);
-        let old = std::mem::replace(
-            &mut *self
-                .snapshot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-            fresh,
-        );
+        let old = std::mem::replace(&mut *current, fresh);
+        drop(current);
         // Ending the old read transaction (when no load still holds it) is
         // redb's work: done after the lock that loads take is released.
         drop(old);

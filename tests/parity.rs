@@ -217,18 +217,8 @@ async fn pure_next_action_plans_the_delay_of_a_named_activity() {
         .into_inner();
     assert_eq!((r.code.as_str(), r.delay_seconds), ("schedule_retry", 11));
     assert_eq!(r.delay_ms / 1000, 11);
-    assert!(!r.replayed, "the pure form stores nothing to replay");
-    // Both forms answer a retry's earliest start the same way: occurred_at
-    // (here the server's clock) plus the delay.
-    let not_before = common::ms(r.not_before.as_ref().expect("a retry's start"));
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let ahead = not_before - now;
     assert!(
-        (r.delay_ms as i64 - 60_000..=r.delay_ms as i64).contains(&ahead),
-        "not_before {ahead} ms ahead for a delay of {} ms",
-        r.delay_ms
+        !r.replayed && r.not_before.is_none(),
+        "pure form stores nothing"
     );
 }

@@ -269,6 +269,12 @@ pub fn decide_pure(
     {
         settle(&mut event, gate.take(Duration::ZERO), now_ms, None);
     }
+    // A retry's start is the caller's own occurred_at plus delay_ms: the
+    // pure form keeps no time of the activity to answer it with. Only a
+    // deferral's time (when the next token comes) is the server's to give.
+    if event.action == Some(Action::ScheduleRetry) {
+        event.not_before_ms = None;
+    }
     Ok(event)
 }
 

@@ -18,6 +18,7 @@
 //! commit_window = "2ms"
 //! journal_segment_bytes = 16777216  # 16 MiB (--journal-segment-mib 16)
 //! journal_segment_age = "5s"
+//! backlog_bytes = 83886080 # 80 MiB waiting for checkpoints, then saves are refused
 //! retention = "7days"      # closed or expired activities are kept this long
 //! sweep_interval = "1m"
 //!
@@ -123,6 +124,11 @@ pub struct StoreConfig {
     /// A journal segment older than this is checkpointed even when small.
     #[serde(with = "duration")]
     pub journal_segment_age: Duration,
+    /// Journal bytes waiting for a checkpoint past which saves are refused
+    /// (`UNAVAILABLE`, `store_backlogged`) until checkpoints catch up: the
+    /// bound on memory and disk when checkpoints fail or fall behind. At
+    /// least two segments are always allowed.
+    pub backlog_bytes: u64,
     /// How long closed (or expired) activities are kept.
     #[serde(with = "duration")]
     pub retention: Duration,
@@ -144,6 +150,7 @@ impl Default for StoreConfig {
         Self {
             journal_segment_bytes: store.segment_bytes,
             journal_segment_age: store.segment_age,
+            backlog_bytes: store.backlog_bytes,
             max_batch: store.max_batch,
             commit_window: store.commit_window,
             data_dir: store.data_dir,
@@ -162,6 +169,7 @@ impl StoreConfig {
         options.commit_window = self.commit_window;
         options.segment_bytes = self.journal_segment_bytes;
         options.segment_age = self.journal_segment_age;
+        options.backlog_bytes = self.backlog_bytes;
         options.runtime_idle.clone_from(&self.runtime_idle);
         options
     }

@@ -8,6 +8,9 @@
 
 use tonic::Status;
 
+/// The trailer a server sets to tell gRPC clients when to retry (gRFC A6).
+const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
+
 use crate::budget::activity::{BudgetError, ErrorKind};
 use crate::budget::codes;
 use crate::ledger::LedgerError;
@@ -31,8 +34,16 @@ impl From<StoreError> for Status {
                 tracing::warn!(error = %err, "store unavailable");
                 Status::unavailable(err.to_string())
             }
-            // The store logs once when it starts and stops refusing.
-            StoreError::Backlogged { .. } => Status::unavailable(err.to_string()),
+            // The store logs once when it starts and stops refusing. The
+            // wait goes back as gRPC's server pushback (gRFC A6), which
+            // gRPC clients' retry policies honour.
+            StoreError::Backlogged { retry_after } => {
+                let mut status = Status::unavailable(err.to_string());
+                if let Ok(ms) = retry_after.as_millis().to_string().parse() {
+                    status.metadata_mut().insert(RETRY_PUSHBACK, ms);
+                }
+                status
+            }
             StoreError::Corrupt { .. } => {
                 tracing::error!(error = %err, "stored record cannot be read");
                 Status::internal(format!(
@@ -59,4 +70,31 @@ pub(super) fn draining() -> Status {
         "{}: the server is draining; ask another replica",
         codes::SHUTTING_DOWN
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_backlogged_store_is_unavailable_with_its_code_and_a_pushback() {
+        let status = Status::from(StoreError::Backlogged {
+            retry_after: Duration::from_millis(250),
+        });
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().starts_with("store_backlogged: "),
+            "{}",
+            status.message()
+        );
+        assert_eq!(
+            status
+                .metadata()
+                .get(RETRY_PUSHBACK)
+                .map(|v| v.to_str().unwrap()),
+            Some("250")
+        );
+    }
 }

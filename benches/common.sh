@@ -55,7 +55,9 @@ bench_setup() {
   PIN0=(); PIN1=()
   if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then PIN0=(taskset -c 0); PIN1=(taskset -c 1); fi
   (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --workspace --bins --quiet)
-  SERVER="$TARGET_DIR/release/retry-budget"
+  # SERVER_BIN profiles or measures another build of the server (an older
+  # commit's release binary) with this checkout's load generator.
+  SERVER=${SERVER_BIN:-$TARGET_DIR/release/retry-budget}
   LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 }
 

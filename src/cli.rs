@@ -22,6 +22,8 @@ pub const ENV_DATA_DIR: &str = "RETRY_BUDGET_DATA_DIR";
 pub const ENV_LISTEN: &str = "RETRY_BUDGET_LISTEN";
 /// Environment variable naming the configuration file.
 pub const ENV_CONFIG: &str = "RETRY_BUDGET_CONFIG";
+/// Environment variable naming the PostgreSQL database.
+pub const ENV_POSTGRES_URL: &str = "RETRY_BUDGET_POSTGRES_URL";
 /// Environment variable naming the server the client commands talk to.
 pub const ENV_SERVER: &str = "RETRY_BUDGET_SERVER";
 
@@ -66,6 +68,18 @@ pub struct ServeArgs {
     /// Directory of the embedded store, created if missing [store.data_dir].
     #[arg(long, env = ENV_DATA_DIR)]
     pub data_dir: Option<PathBuf>,
+    /// Keep activities in this PostgreSQL database instead of the embedded
+    /// store, so several replicas can serve as one [store.postgres_url].
+    #[arg(long, env = ENV_POSTGRES_URL, hide_env_values = true)]
+    pub postgres_url: Option<String>,
+    /// Connections to PostgreSQL this replica keeps at most
+    /// [store.pool_size].
+    #[arg(long)]
+    pub pool_size: Option<usize>,
+    /// The longest a PostgreSQL operation may take before the call gets
+    /// `store_unavailable` [store.db_timeout].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub db_timeout: Option<Duration>,
     /// The most decisions one group commit (one fsync) carries; 1 commits
     /// each decision alone [store.max_batch].
     #[arg(long)]
@@ -167,6 +181,11 @@ impl ServeArgs {
         set(&mut server.grace_period, &self.grace_period);
         set(&mut store.data_dir, &self.data_dir);
         set(&mut store.max_batch, &self.max_batch);
+        if self.postgres_url.is_some() {
+            store.postgres_url.clone_from(&self.postgres_url);
+        }
+        set(&mut store.pool_size, &self.pool_size);
+        set(&mut store.db_timeout, &self.db_timeout);
         set(&mut store.commit_window, &self.commit_window);
         set(
             &mut store.journal_segment_bytes,

@@ -21,6 +21,9 @@
 //! backlog_bytes = 83886080 # 80 MiB waiting for checkpoints, then saves are refused
 //! retention = "7days"      # closed or expired activities are kept this long
 //! sweep_interval = "1m"
+//! # postgres_url = "postgres://retry_budget@db:5432/retry_budget"  # several replicas
+//! pool_size = 16           # connections to PostgreSQL per replica
+//! db_timeout = "2s"        # a PostgreSQL operation past this is store_unavailable
 //!
 //! [policy]                 # of activities whose first report names none
 //! max_attempts = 5
@@ -57,7 +60,7 @@ use crate::bucket::BucketConfig;
 use crate::budget::activity::Policy;
 use crate::budget::classify::{RuleSet, RuleSpec};
 use crate::budget::codes;
-use crate::store::{RedbStoreOptions, RuntimeIdle};
+use crate::store::{PostgresOptions, RedbStoreOptions, RuntimeIdle};
 
 /// The service's whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -135,6 +138,21 @@ pub struct StoreConfig {
     /// How often expired activities are purged.
     #[serde(with = "duration")]
     pub sweep_interval: Duration,
+    /// The PostgreSQL database to keep activities in, instead of the
+    /// embedded store: what lets several replicas be one service
+    /// (`docs/deploy.md`). A libpq URL or key=value string; printed with
+    /// its password hidden.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "redacted_url"
+    )]
+    pub postgres_url: Option<String>,
+    /// Connections to PostgreSQL each replica keeps at most.
+    pub pool_size: usize,
+    /// The longest a PostgreSQL operation may take, waiting for a
+    /// connection included, before the call gets `store_unavailable`.
+    #[serde(with = "duration")]
+    pub db_timeout: Duration,
     /// Set by the binary, not configurable: its runtime tells the store
     /// when a worker parks, ending a group commit's window early.
     #[serde(skip)]
@@ -156,6 +174,9 @@ impl Default for StoreConfig {
             data_dir: store.data_dir,
             retention: Duration::from_secs(7 * 24 * 3600),
             sweep_interval: Duration::from_secs(60),
+            postgres_url: None,
+            pool_size: 16,
+            db_timeout: Duration::from_secs(2),
             runtime_idle: None,
         }
     }
@@ -173,6 +194,43 @@ impl StoreConfig {
         options.runtime_idle.clone_from(&self.runtime_idle);
         options
     }
+
+    /// The PostgreSQL store's options, when one is configured.
+    pub fn postgres_options(&self) -> Option<PostgresOptions> {
+        self.postgres_url.as_ref().map(|url| PostgresOptions {
+            url: url.clone(),
+            pool_size: self.pool_size,
+            timeout: self.db_timeout,
+            max_batch: self.max_batch,
+        })
+    }
+}
+
+/// A database URL as `--print-config` shows it: the password replaced by
+/// `***`, in URL (`user:secret@host`) and key=value (`password=secret`)
+/// forms alike.
+fn redacted_url<S: serde::Serializer>(url: &Option<String>, out: S) -> Result<S::Ok, S::Error> {
+    let Some(url) = url else {
+        return out.serialize_none();
+    };
+    let hidden = if let Some((scheme, rest)) = url.split_once("://") {
+        match rest.split_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => url.clone(),
+            },
+            None => url.clone(),
+        }
+    } else {
+        url.split_whitespace()
+            .map(|pair| match pair.split_once('=') {
+                Some(("password", _)) => "password=***".to_owned(),
+                _ => pair.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    out.serialize_some(&hidden)
 }
 
 /// `[policy]`: what an activity gets when its first report names no policy
@@ -319,6 +377,12 @@ impl Config {
                 "store.journal_segment_age",
                 "must be longer than zero",
             ));
+        }
+        if !(1..=1024).contains(&self.store.pool_size) {
+            return Err(value("store.pool_size", "must be 1 to 1024"));
+        }
+        if self.store.db_timeout.is_zero() {
+            return Err(value("store.db_timeout", "must be longer than zero"));
         }
         if self.store.sweep_interval.is_zero() {
             return Err(value("store.sweep_interval", "must be longer than zero"));

@@ -63,6 +63,51 @@ pub enum SuccessOutcome {
     Closed,
 }
 
+/// How many times in a row an operation is decided again after another
+/// replica changed its activity first. Each time, the other replica has
+/// recorded something, so a long run of losses means a flood of reports of
+/// one activity; the caller then gets `store_conflict` and may ask again.
+pub const MAX_CONFLICTS: u32 = 8;
+
+/// Whether an operation failed only because another replica changed its
+/// activity first: deciding again on what is stored now is then right.
+fn lost_race(error: &LedgerError) -> bool {
+    matches!(error, LedgerError::Store(StoreError::Conflict { .. }))
+}
+
+/// A gate asked at most once however many times a decision is taken again
+/// after a lost race: the answer it gave the first time stands. A token
+/// taken for a decision that then turns out to be the winner's replay stays
+/// spent: a lost race costs its tenant at most one token, erring towards
+/// fewer retries, never more.
+struct Remembered<G> {
+    gate: Option<G>,
+    answer: Option<crate::budget::token::Admission>,
+}
+
+impl<G> Remembered<G> {
+    fn new(gate: G) -> Self {
+        Self {
+            gate: Some(gate),
+            answer: None,
+        }
+    }
+}
+
+impl<G: TokenGate> TokenGate for &mut Remembered<G> {
+    fn take(self, max_wait: std::time::Duration) -> crate::budget::token::Admission {
+        if let Some(answer) = self.answer {
+            return answer;
+        }
+        let answer = match self.gate.take() {
+            Some(gate) => gate.take(max_wait),
+            None => crate::budget::token::Admission::Granted,
+        };
+        self.answer = Some(answer);
+        answer
+    }
+}
+
 /// A new version of a record, and what it replaces in the store.
 type ToSave = (ActivityRecord, Option<Replaced>);
 
@@ -165,17 +210,25 @@ impl<S: Store> Ledger<S> {
         now_ms: i64,
         dry_run: bool,
     ) -> Result<Decided, LedgerError> {
-        let guard = self.locks.lock(key).await;
-        let previous = self.store.load(key).await?;
-        // Decided between the two awaits, in a plain function, so that this
-        // future holds across the save only the decision and the save's wait.
-        let (decided, save) = self.decide(previous, key, report, gate, now_ms, dry_run)?;
-        let unsaved = Unsaved {
-            guard,
-            decided,
-            save,
-        };
-        self.save(unsaved).durable().await
+        let mut gate = Remembered::new(gate);
+        let mut conflicts = 0;
+        loop {
+            let guard = self.locks.lock(key).await;
+            let previous = self.store.load(key).await?;
+            // Decided between the two awaits, in a plain function, so that
+            // this future holds across the save only the decision and the
+            // save's wait.
+            let (decided, save) = self.decide(previous, key, report, &mut gate, now_ms, dry_run)?;
+            let unsaved = Unsaved {
+                guard,
+                decided,
+                save,
+            };
+            match self.save(unsaved).durable().await {
+                Err(e) if lost_race(&e) && conflicts < MAX_CONFLICTS => conflicts += 1,
+                decided => return decided,
+            }
+        }
     }
 
     /// [`Ledger::report`]'s decision taken in this call, when the activity's
@@ -281,6 +334,21 @@ impl<S: Store> Ledger<S> {
         occurred_at_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<SuccessOutcome, LedgerError> {
+        let mut conflicts = 0;
+        loop {
+            match self.record_success_once(key, occurred_at_ms, now_ms).await {
+                Err(e) if lost_race(&e) && conflicts < MAX_CONFLICTS => conflicts += 1,
+                done => return done,
+            }
+        }
+    }
+
+    async fn record_success_once(
+        &self,
+        key: &ActivityKey,
+        occurred_at_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<SuccessOutcome, LedgerError> {
         let _guard = self.locks.lock(key).await;
         let Some(previous) = self.store.load(key).await? else {
             return Ok(SuccessOutcome::Unknown);
@@ -300,6 +368,22 @@ impl<S: Store> Ledger<S> {
     /// # Errors
     /// `activity_not_found`, `activity_not_parked`, or a store failure.
     pub async fn resolve(
+        &self,
+        key: &ActivityKey,
+        resolution: Resolution,
+        note: &str,
+        now_ms: i64,
+    ) -> Result<Status, LedgerError> {
+        let mut conflicts = 0;
+        loop {
+            match self.resolve_once(key, resolution, note, now_ms).await {
+                Err(e) if lost_race(&e) && conflicts < MAX_CONFLICTS => conflicts += 1,
+                done => return done,
+            }
+        }
+    }
+
+    async fn resolve_once(
         &self,
         key: &ActivityKey,
         resolution: Resolution,

@@ -25,9 +25,10 @@ use crate::config::Config;
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
-use crate::store::{RedbStore, Store, StoreError};
+use crate::store::{PgStore, RedbStore, Store, StoreError};
 
 mod incoming;
+mod watch;
 
 /// The server failed to start or to serve.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +59,14 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    if let Some(options) = config.store.postgres_options() {
+        let store = PgStore::open(&options)?;
+        let counted = store.clone();
+        let result = serve(listener, store, config, shutdown).await;
+        let [commits, saves, ..] = counted.commit_stats().snapshot();
+        tracing::info!(commits, saves, "group commit totals");
+        return result;
+    }
     let store = RedbStore::open(&config.store.redb_options())?;
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.
@@ -97,18 +106,20 @@ pub async fn serve<S: Store>(
     let draining = Draining::default();
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    // Serving only while the store answers: a replica whose database is
+    // gone says so, and says so again when it returns.
+    let store_health = watch::spawn_store_health::<S, RetryBudgetServer<RetryBudgetService<S>>>(
+        Arc::clone(&ledger),
+        health.clone(),
+    )
+    .await;
 
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
-    let sweeper = tokio::spawn(sweep(
+    let sweeper = tokio::spawn(watch::sweep(
         Arc::clone(&ledger),
+        watch::replica_id(),
         config.store.retention,
         config.store.sweep_interval,
     ));
@@ -149,6 +160,7 @@ pub async fn serve<S: Store>(
         tokio::select! {
             result = &mut serving => {
                 stop_task(sweeper).await;
+                stop_task(store_health).await;
                 return result.map_err(Into::into);
             }
             () = shutdown => {}
@@ -156,6 +168,7 @@ pub async fn serve<S: Store>(
 
         tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
         draining.start();
+        stop_task(store_health).await;
         health
             .set_not_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
             .await;
@@ -221,19 +234,4 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
-}
-
-/// Purges expired activities every `interval`.
-async fn sweep<S: Store>(ledger: Arc<Ledger<S>>, retention: Duration, interval: Duration) {
-    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        match ledger.sweep(crate::clock::now_ms(), retention_ms).await {
-            Ok(0) => {}
-            Ok(purged) => tracing::info!(purged, "retention sweep"),
-            Err(error) => tracing::warn!(%error, "retention sweep failed"),
-        }
-    }
 }

@@ -6,13 +6,19 @@
 //!   never acknowledged before it would survive a crash.
 //! - Saves that arrive together may share one durable commit (group commit),
 //!   so durability does not cost one fsync a request.
-//! - The caller serialises work on one activity (see `ledger`); a store needs
-//!   no lock of its own per activity.
+//! - A save names the version it replaces ([`Replaced`]) and is written
+//!   only if the activity is still at that version (or, for a new one,
+//!   still absent); otherwise it fails with [`StoreError::Conflict`], and
+//!   the caller decides again on what is stored now. One process serialises
+//!   its own work on an activity (see `ledger`), so an embedded store never
+//!   conflicts; replicas sharing a database do.
 
 pub mod codec;
 mod journal;
+mod postgres;
 mod redb;
 
+pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
 #[doc(hidden)]
 pub use self::redb::CheckpointFault;
 pub use self::redb::{CommitStats, RedbStore, RedbStoreOptions, RuntimeIdle};
@@ -27,7 +33,9 @@ use crate::budget::codes;
 /// A store failed or refused a save. Nothing was acknowledged, so the caller
 /// may safely ask again: the gRPC edge reports [`Backend`](Self::Backend),
 /// [`Closed`](Self::Closed) and [`Backlogged`](Self::Backlogged) as
-/// `UNAVAILABLE`, and [`Corrupt`](Self::Corrupt) as `INTERNAL`. The message
+/// `UNAVAILABLE`, and [`Corrupt`](Self::Corrupt) as `INTERNAL`;
+/// [`Conflict`](Self::Conflict) is the ledger's to handle (it decides
+/// again), and `ABORTED` only if it keeps coming. The message
 /// starts with the variant's stable [`code`](Self::code); the cause, when
 /// there is one, is also the error's `source()`.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +61,16 @@ pub enum StoreError {
     /// The store is shutting down and takes no more writes.
     #[error("{}: the store is shutting down", codes::STORE_CLOSED)]
     Closed,
+    /// Another writer changed or created the activity since the version
+    /// this save replaces was loaded: nothing was written.
+    #[error(
+        "{}: activity {key} was changed by another replica",
+        codes::STORE_CONFLICT
+    )]
+    Conflict {
+        /// Which activity, as `tenant/activity_id`.
+        key: String,
+    },
     /// Too much waits to be checkpointed (checkpoints fall behind or fail):
     /// the save is refused rather than held in memory without bound.
     #[error(
@@ -74,17 +92,26 @@ impl StoreError {
             Self::Corrupt { .. } => codes::STORE_CORRUPT,
             Self::Closed => codes::STORE_CLOSED,
             Self::Backlogged { .. } => codes::STORE_BACKLOGGED,
+            Self::Conflict { .. } => codes::STORE_CONFLICT,
         }
     }
 
-    /// How long to wait before asking again, when the store said.
+    /// How long to wait before asking again: what the store said, or for
+    /// a store that failed or lost a race, [`UNAVAILABLE_RETRY_AFTER`];
+    /// `None` when asking again cannot help.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Backlogged { retry_after } => Some(*retry_after),
-            _ => None,
+            Self::Backend { .. } | Self::Conflict { .. } => Some(UNAVAILABLE_RETRY_AFTER),
+            Self::Corrupt { .. } | Self::Closed => None,
         }
     }
 }
+
+/// How long a caller is asked to wait after the store failed: about the
+/// time a database takes to fail over or a pool to reconnect, not so long
+/// that a brief blip holds retries back.
+pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What a store needs to know of the version a save replaces, taken before
 /// the state machine consumes it.
@@ -93,6 +120,9 @@ pub struct Replaced {
     /// Where the replaced version sits in the purge order
     /// ([`ActivityRecord::purgeable_from_ms`]).
     pub purgeable_from_ms: Option<i64>,
+    /// Its number of events: the version a conditional write expects
+    /// (every change of an activity appends one).
+    pub events: usize,
 }
 
 impl Replaced {
@@ -100,6 +130,7 @@ impl Replaced {
     pub fn of(record: &ActivityRecord) -> Self {
         Self {
             purgeable_from_ms: record.purgeable_from_ms(),
+            events: record.events.len(),
         }
     }
 }
@@ -147,4 +178,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many activities the store holds.
     fn count(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Whether the store answers now, for health. The default, for a store
+    /// in the process, always does.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Claims, or renews, the right to run the retention sweep for `ttl`,
+    /// so that replicas sharing a store do not sweep together; true when
+    /// `holder` holds it. The default, for a store one process owns, always
+    /// grants it.
+    fn claim_sweep(
+        &self,
+        _holder: &str,
+        _ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(true))
+    }
 }

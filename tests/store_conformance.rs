@@ -2,15 +2,20 @@
 //! each store the project has. A new store adds one `#[tokio::test]` that
 //! calls [`conformance`] with a way to open it.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::postgres::TestDb;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,
 };
-use retry_budget::store::{CheckpointFault, RedbStore, RedbStoreOptions, Replaced, Store};
+use retry_budget::store::{
+    CheckpointFault, PgStore, PostgresOptions, RedbStore, RedbStoreOptions, Replaced, Store,
+};
 
 const NOW: i64 = 1_800_000_000_000;
 
@@ -207,6 +212,50 @@ async fn redb_store_conforms() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     conformance(move || RedbStore::open(&RedbStoreOptions::new(&path)).expect("open redb")).await;
+}
+
+fn postgres(db: &TestDb) -> PostgresOptions {
+    PostgresOptions {
+        url: db.url.clone(),
+        pool_size: 8,
+        timeout: Duration::from_secs(10),
+        max_batch: 1024,
+    }
+}
+
+#[tokio::test]
+async fn postgres_store_conforms() {
+    let Some(db) = TestDb::create("conformance").await else {
+        return;
+    };
+    let options = postgres(&db);
+    conformance(move || PgStore::open(&options).expect("open PostgreSQL")).await;
+}
+
+#[tokio::test]
+async fn postgres_saves_that_arrive_together_share_a_commit() {
+    let Some(db) = TestDb::create("group_commit").await else {
+        return;
+    };
+    let store = Arc::new(PgStore::open(&postgres(&db)).unwrap());
+    store.ready().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..500 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let k = key("gc", &format!("act-{i}"));
+            store
+                .save(record(&k, ErrorClass::Transient, 60), None)
+                .await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let [commits, saves, ..] = store.commit_stats().snapshot();
+    assert_eq!(saves, 500);
+    assert!(commits < 250, "{commits} commits for {saves} saves");
+    assert_eq!(store.count().await.unwrap(), 500);
 }
 
 #[tokio::test]

@@ -125,3 +125,7 @@ pub const STORE_CLOSED: &str = "store_closed";
 /// the store refuses new ones, with a time to come back, until a checkpoint
 /// frees room.
 pub const STORE_BACKLOGGED: &str = "store_backlogged";
+/// Another replica kept changing the activity while this one decided, more
+/// times in a row than the ledger tries again: nothing was acknowledged,
+/// and asking again is safe.
+pub const STORE_CONFLICT: &str = "store_conflict";

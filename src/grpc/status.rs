@@ -29,29 +29,33 @@ impl From<BudgetError> for Status {
 
 impl From<StoreError> for Status {
     fn from(err: StoreError) -> Self {
-        match err {
+        let mut status = match err {
             StoreError::Backend { .. } | StoreError::Closed => {
                 tracing::warn!(error = %err, "store unavailable");
                 Status::unavailable(err.to_string())
             }
-            // The store logs once when it starts and stops refusing. The
-            // wait goes back as gRPC's server pushback (gRFC A6), which
-            // gRPC clients' retry policies honour.
-            StoreError::Backlogged { retry_after } => {
-                let mut status = Status::unavailable(err.to_string());
-                if let Ok(ms) = retry_after.as_millis().to_string().parse() {
-                    status.metadata_mut().insert(RETRY_PUSHBACK, ms);
-                }
-                status
-            }
+            // The store logs once when it starts and stops refusing.
+            StoreError::Backlogged { .. } => Status::unavailable(err.to_string()),
+            // Other replicas kept winning the race for this activity: the
+            // ledger gave up deciding again; the client may ask again.
+            StoreError::Conflict { .. } => Status::aborted(err.to_string()),
             StoreError::Corrupt { .. } => {
                 tracing::error!(error = %err, "stored record cannot be read");
-                Status::internal(format!(
+                return Status::internal(format!(
                     "{}: a stored record cannot be read; see the server log",
                     codes::INTERNAL
-                ))
+                ));
             }
+        };
+        // The wait goes back as gRPC's server pushback (gRFC A6), which
+        // gRPC clients' retry policies honour.
+        if let Some(ms) = err
+            .retry_after()
+            .and_then(|wait| wait.as_millis().to_string().parse().ok())
+        {
+            status.metadata_mut().insert(RETRY_PUSHBACK, ms);
         }
+        status
     }
 }
 

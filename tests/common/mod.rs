@@ -2,6 +2,8 @@
 //! temporary data directory and a shutdown handle, and gRPC clients for it.
 #![allow(dead_code)]
 
+pub mod postgres;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

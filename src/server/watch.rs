@@ -1,0 +1,102 @@
+//! The server's background duties: health that follows the store, and the
+//! retention sweep, run by one replica at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::ledger::Ledger;
+use crate::store::Store;
+
+/// How often health asks the store whether it answers.
+const STORE_HEALTH_PERIOD: Duration = Duration::from_secs(1);
+
+/// Sets health from one ping of the store now, then keeps it following the
+/// store in a task: `NOT_SERVING` for the service and the server (`""`)
+/// while the store does not answer, `SERVING` again once it does.
+pub(super) async fn spawn_store_health<S: Store, N: NamedService>(
+    ledger: Arc<Ledger<S>>,
+    health: HealthReporter,
+) -> tokio::task::JoinHandle<()> {
+    let mut serving = ping(&ledger).await;
+    set(&health, serving, N::NAME).await;
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(STORE_HEALTH_PERIOD);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let now = ping(&ledger).await;
+            if now != serving {
+                serving = now;
+                set(&health, serving, N::NAME).await;
+            }
+        }
+    })
+}
+
+async fn ping<S: Store>(ledger: &Ledger<S>) -> bool {
+    match ledger.store().ping().await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "the store does not answer: health NOT_SERVING");
+            false
+        }
+    }
+}
+
+async fn set(health: &HealthReporter, serving: bool, service: &str) {
+    let status = if serving {
+        tracing::info!("the store answers: health SERVING");
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    health.set_service_status(service, status).await;
+    health.set_service_status("", status).await;
+}
+
+/// Purges expired activities every `interval`, when this replica holds the
+/// sweep's lease (always, on a store one process owns). The lease lasts two
+/// intervals, so another replica takes over when this one is gone.
+pub(super) async fn sweep<S: Store>(
+    ledger: Arc<Ledger<S>>,
+    replica: String,
+    retention: Duration,
+    interval: Duration,
+) {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match ledger.store().claim_sweep(&replica, interval * 2).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "retention sweep: cannot claim its lease");
+                continue;
+            }
+        }
+        match ledger.sweep(crate::clock::now_ms(), retention_ms).await {
+            Ok(0) => {}
+            Ok(purged) => tracing::info!(purged, "retention sweep"),
+            Err(error) => tracing::warn!(%error, "retention sweep failed"),
+        }
+    }
+}
+
+/// This replica's name among those sharing a database: the host's name
+/// (a pod's name on Kubernetes) and the process id.
+pub(super) fn replica_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "replica".to_owned());
+    format!("{host}-{}", std::process::id())
+}

@@ -1,0 +1,112 @@
+//! A fresh PostgreSQL database for one test, dropped when the test ends.
+//!
+//! The server is `RETRY_BUDGET_TEST_POSTGRES_URL` (default: the local one,
+//! `postgres://postgres@127.0.0.1:5432/postgres`). Where none answers, a
+//! test says it was skipped and passes, except under `CI=true`, where it
+//! fails: CI runs PostgreSQL and must not silently test nothing.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+
+/// The server tests use unless told otherwise.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// A database made for one test.
+pub struct TestDb {
+    /// Its URL.
+    pub url: String,
+    /// Its name.
+    pub name: String,
+    admin: String,
+}
+
+impl TestDb {
+    /// A new empty database, or `None` (said on stderr) when no PostgreSQL
+    /// answers outside CI.
+    pub async fn create(label: &str) -> Option<Self> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let admin =
+            std::env::var("RETRY_BUDGET_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_URL.into());
+        let connected = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio_postgres::connect(&admin, NoTls),
+        )
+        .await;
+        let (client, connection) = match connected {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(error)) => return unreachable(&admin, &error.to_string()),
+            Err(_) => return unreachable(&admin, "no answer within 5 s"),
+        };
+        tokio::spawn(connection);
+        let name = format!(
+            "rb_test_{}_{}_{}",
+            label.to_lowercase(),
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name}"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            client
+                .batch_execute(&sql)
+                .await
+                .expect("create the test database");
+        }
+        Some(Self {
+            url: with_database(&admin, &name),
+            name,
+            admin,
+        })
+    }
+}
+
+fn unreachable(url: &str, why: &str) -> Option<TestDb> {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true and no PostgreSQL at {url}: {why}");
+    }
+    eprintln!("skipped: no PostgreSQL at {url} ({why}); set RETRY_BUDGET_TEST_POSTGRES_URL");
+    None
+}
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[after_scheme..].find('/') {
+        Some(slash) => &base[..after_scheme + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{name}?{query}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Dropped outside the test's runtime, which may be ending: its own
+        // thread and runtime, so the drop is done before the test returns.
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
+            })
+        });
+        let _ = dropped.join();
+    }
+}

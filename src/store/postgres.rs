@@ -241,8 +241,22 @@ impl Store for PgStore {
             record: bytes,
             done,
         };
-        let sent = self.inner.writes.send(pending).is_ok();
+        // Handed over in this call once the schema is known to be ready
+        // (always, after the first load): the future only waits.
+        let handed = if self.inner.schema.initialized() {
+            Ok(self.inner.writes.send(pending).is_ok())
+        } else {
+            Err(pending)
+        };
+        let store = self.clone();
         async move {
+            let sent = match handed {
+                Ok(sent) => sent,
+                Err(pending) => {
+                    store.ready().await?;
+                    store.inner.writes.send(pending).is_ok()
+                }
+            };
             if !sent {
                 return Err(StoreError::Closed);
             }
@@ -323,10 +337,14 @@ fn version(events: usize) -> i64 {
     i64::try_from(events).unwrap_or(i64::MAX)
 }
 
-/// A serialization failure: the transaction lost a race and may be tried
-/// again as it was.
+/// A transaction that lost a race and may be tried again as it was: a
+/// serialization failure, or a deadlock between two replicas' group
+/// commits that touch the same activities (each commit is one statement,
+/// all or nothing, so trying it again is safe).
 fn is_serialization_failure(error: &tokio_postgres::Error) -> bool {
-    error.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
+    error.code().is_some_and(|code| {
+        *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
+    })
 }
 
 /// A failed operation whose cause several waiting saves share.

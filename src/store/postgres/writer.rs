@@ -68,9 +68,10 @@ SELECT i.n FROM input AS i JOIN inserted AS w ON w.tenant = i.tenant AND w.activ
 UNION ALL
 SELECT i.n FROM input AS i JOIN updated AS w ON w.tenant = i.tenant AND w.activity_id = i.activity_id";
 
-/// How often a commit is tried again after a serialization failure (on
-/// CockroachDB, a contended row) before its saves are refused.
-const SERIALIZATION_RETRIES: u32 = 5;
+/// How often a commit is tried again after losing a race (a serialization
+/// failure on CockroachDB, a deadlock with another replica's commit on
+/// PostgreSQL) before its saves are refused.
+const SERIALIZATION_RETRIES: u32 = 8;
 
 /// Starts the dispatcher and returns the channel to it. The dispatcher ends
 /// when every sender is dropped, after the commits in flight.
@@ -118,6 +119,11 @@ async fn dispatch(
                 Err(_) => break,
             }
         }
+        // In key order, so that two replicas' commits over the same
+        // activities lock their rows in one order and seldom deadlock.
+        batch.sort_unstable_by(|x, y| {
+            (&x.tenant, &x.activity_id).cmp(&(&y.tenant, &y.activity_id))
+        });
         let pool = pool.clone();
         let stats = Arc::clone(&stats);
         tokio::spawn(async move {

@@ -1,0 +1,278 @@
+//! Several replicas on one PostgreSQL database, in one process: each
+//! replica is its own store handle (its own pool and writer), ledger or
+//! server, so nothing but the database connects them. Skipped without
+//! PostgreSQL, except under `CI=true` (see `common::postgres`).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::postgres::TestDb;
+use common::{TestServer, pb, report, with_tenant};
+use retry_budget::budget::ErrorClass;
+use retry_budget::budget::activity::{ActivityKey, Defaults, Plan, Policy, Report, plan};
+use retry_budget::ledger::{Ledger, Unlimited};
+use retry_budget::store::{MIGRATIONS, PgStore, PostgresOptions, Replaced, Store, StoreError};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn options(url: &str) -> PostgresOptions {
+    PostgresOptions {
+        url: url.to_owned(),
+        pool_size: 8,
+        timeout: Duration::from_secs(10),
+        max_batch: 1024,
+    }
+}
+
+fn defaults() -> Defaults {
+    Defaults {
+        policy: Policy {
+            max_attempts: 10,
+            deadline_seconds: 3600,
+            base: None,
+            cap: None,
+        },
+        max_hint_ms: 600_000,
+    }
+}
+
+fn failure(attempt: u32) -> Report<'static> {
+    Report {
+        attempt,
+        class: ErrorClass::Transient,
+        rule: None,
+        hints: None,
+        policy: None,
+        occurred_at_ms: Some(NOW + i64::from(attempt)),
+        workflow_id: "wf",
+    }
+}
+
+fn key(id: &str) -> ActivityKey {
+    ActivityKey {
+        tenant: "t".into(),
+        activity_id: id.into(),
+    }
+}
+
+/// Replicas starting together on an empty database: every one gets a
+/// schema, and each migration ran once.
+#[tokio::test]
+async fn replicas_starting_together_migrate_once() {
+    let Some(db) = TestDb::create("migrate_race").await else {
+        return;
+    };
+    let stores: Vec<_> = (0..6).map(|_| PgStore::open(&options(&db.url)).unwrap()).collect();
+    let readies = stores.iter().map(|s| s.ready());
+    for ready in futures_util::future::join_all(readies).await {
+        ready.expect("every replica finds the schema ready");
+    }
+    let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let rows = client
+        .query(
+            "SELECT version FROM retry_budget_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap();
+    let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    let known: Vec<i32> = MIGRATIONS.iter().map(|m| m.0).collect();
+    assert_eq!(versions, known);
+}
+
+/// The store's half of the contract: a write names the version it
+/// replaces, and loses to whoever wrote first.
+#[tokio::test]
+async fn a_write_over_a_version_another_replica_replaced_is_a_conflict() {
+    let Some(db) = TestDb::create("conflict").await else {
+        return;
+    };
+    let a = PgStore::open(&options(&db.url)).unwrap();
+    let b = PgStore::open(&options(&db.url)).unwrap();
+    let k = key("x");
+    let first = |attempt| match plan(None, &k, &failure(attempt), &defaults(), NOW).unwrap() {
+        Plan::Fresh(draft) => draft.finish().0,
+        Plan::Replay(_) => unreachable!(),
+    };
+    // Both replicas found it absent: one creates it.
+    let (ra, rb) = tokio::join!(a.save(first(1), None), b.save(first(1), None));
+    assert!(
+        matches!(
+            (&ra, &rb),
+            (Ok(()), Err(StoreError::Conflict { .. })) | (Err(StoreError::Conflict { .. }), Ok(()))
+        ),
+        "{ra:?} {rb:?}"
+    );
+    let stored = a.load(&k).await.unwrap().unwrap();
+    // Both read version 1; a moves it on; b's write over version 1 fails
+    // and leaves a's in place.
+    let next = |base: &retry_budget::budget::activity::ActivityRecord| match plan(
+        Some(base.clone()),
+        &k,
+        &failure(2),
+        &defaults(),
+        NOW,
+    )
+    .unwrap()
+    {
+        Plan::Fresh(draft) => draft.finish().0,
+        Plan::Replay(_) => unreachable!(),
+    };
+    let by_a = next(&stored);
+    a.save(by_a.clone(), Some(Replaced::of(&stored)))
+        .await
+        .unwrap();
+    let err = b
+        .save(next(&stored), Some(Replaced::of(&stored)))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("store_conflict: "), "{err}");
+    assert_eq!(b.load(&k).await.unwrap(), Some(by_a));
+}
+
+/// The ledger's half: the same attempts reported to two replicas at the
+/// same instant record one decision each, and both replicas answer with
+/// it (the loser replays the winner's).
+#[tokio::test]
+async fn the_same_attempt_on_two_replicas_records_one_decision() {
+    let Some(db) = TestDb::create("ledger_race").await else {
+        return;
+    };
+    let a = Arc::new(Ledger::new(PgStore::open(&options(&db.url)).unwrap(), defaults()));
+    let b = Arc::new(Ledger::new(PgStore::open(&options(&db.url)).unwrap(), defaults()));
+    a.store().ready().await.unwrap();
+    for attempt in 1..=4 {
+        let mut races = Vec::new();
+        for i in 0..40 {
+            let (a, b) = (Arc::clone(&a), Arc::clone(&b));
+            races.push(tokio::spawn(async move {
+                let k = key(&format!("act-{i}"));
+                let r = failure(attempt);
+                let (x, y) = tokio::join!(
+                    a.report(&k, &r, Unlimited, NOW, false),
+                    b.report(&k, &r, Unlimited, NOW, false)
+                );
+                (x.unwrap(), y.unwrap())
+            }));
+        }
+        for race in races {
+            let (x, y) = race.await.unwrap();
+            assert_eq!(x.event, y.event, "both replicas answer the one decision");
+            assert_eq!(x.event.attempt, attempt);
+            assert!(
+                !(x.replayed && y.replayed),
+                "one of them decided attempt {attempt}"
+            );
+        }
+    }
+    for i in 0..40 {
+        let record = a.get(&key(&format!("act-{i}"))).await.unwrap();
+        assert_eq!(record.attempts, 4);
+        let decided: Vec<u32> = record.events.iter().map(|e| e.attempt).collect();
+        assert_eq!(decided, [1, 2, 3, 4], "one decision an attempt");
+    }
+}
+
+/// Two servers on one database: attempt counts continue whichever answers,
+/// and a replay works on either.
+#[tokio::test]
+async fn two_servers_are_one_service() {
+    let Some(db) = TestDb::create("two_servers").await else {
+        return;
+    };
+    let url = db.url.clone();
+    let one = TestServer::start_with(|c| c.store.postgres_url = Some(url.clone())).await;
+    let two = TestServer::start_with(|c| c.store.postgres_url = Some(url.clone())).await;
+    let mut clients = [one.client().await, two.client().await];
+    for attempt in 1..=4u32 {
+        let on = &mut clients[(attempt % 2) as usize];
+        let decided = on
+            .next_action(with_tenant(
+                report("flight-1", attempt, pb::ErrorClass::Transient),
+                "acme",
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(decided.action, pb::Action::ScheduleRetry as i32, "{decided:?}");
+        assert!(!decided.replayed);
+        let other = &mut clients[((attempt + 1) % 2) as usize];
+        let replay = other
+            .next_action(with_tenant(
+                report("flight-1", attempt, pb::ErrorClass::Transient),
+                "acme",
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(replay.replayed, "the other replica replays attempt {attempt}");
+        assert_eq!(replay.delay_ms, decided.delay_ms);
+    }
+    let skipped = clients[0]
+        .next_action(with_tenant(
+            report("flight-1", 6, pb::ErrorClass::Transient),
+            "acme",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(skipped.code(), tonic::Code::FailedPrecondition, "{skipped}");
+}
+
+/// A replica whose database does not answer: health says NOT_SERVING, and
+/// a call gets UNAVAILABLE with `store_unavailable` and a pushback within
+/// the configured bound, not a hang.
+#[tokio::test]
+async fn without_its_database_a_replica_refuses_promptly_and_is_not_serving() {
+    // A port nothing listens on: connections are refused at once. A
+    // database that is slow is bounded by the same timeout.
+    let server = TestServer::start_with(|c| {
+        c.store.postgres_url = Some("postgres://postgres@127.0.0.1:9/none".into());
+        c.store.db_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let mut health = HealthClient::new(server.channel().await);
+    for service in ["", "retrybudget.v1.RetryBudget"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::NotServing as i32
+        );
+    }
+    let mut client = server.client().await;
+    let started = Instant::now();
+    let refused = client
+        .next_action(with_tenant(
+            report("flight-1", 1, pb::ErrorClass::Transient),
+            "acme",
+        ))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(
+        refused.message().starts_with("store_unavailable: "),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(
+        refused
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .map(|v| v.to_str().unwrap()),
+        Some("1000")
+    );
+}

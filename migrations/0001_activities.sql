@@ -30,3 +30,12 @@ CREATE TABLE IF NOT EXISTS retry_budget_task_leases (
     holder        TEXT   NOT NULL,
     expires_at_ms BIGINT NOT NULL
 );
+
+-- `retry-budget migrate`: how far the copy of each embedded store got, so a
+-- copy that stopped resumes after the last activity it committed.
+CREATE TABLE IF NOT EXISTS retry_budget_imports (
+    source           TEXT   PRIMARY KEY,
+    last_tenant      TEXT   NOT NULL,
+    last_activity_id TEXT   NOT NULL,
+    copied           BIGINT NOT NULL
+);

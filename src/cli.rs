@@ -6,6 +6,7 @@
 //! file sets keeps its one declared default.
 
 mod client;
+mod migrate;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 pub use self::client::{DelayArgs, ExplainArgs, NextActionArgs, run_client};
+pub use self::migrate::{MigrateArgs, migrate};
 use crate::config::{Config, ConfigError};
 
 /// Environment variable naming the data directory.
@@ -50,6 +52,9 @@ pub enum Command {
     NextAction(NextActionArgs),
     /// Show an activity's budget and every decision, from a running server.
     Explain(ExplainArgs),
+    /// Copy an embedded store into PostgreSQL (resumable, idempotent), to
+    /// move from one replica to several.
+    Migrate(MigrateArgs),
 }
 
 /// Options of `serve`. Each overrides the configuration key in brackets;

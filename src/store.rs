@@ -14,6 +14,7 @@
 //!   conflicts; replicas sharing a database do.
 
 pub mod codec;
+pub mod copy;
 mod journal;
 mod postgres;
 mod redb;

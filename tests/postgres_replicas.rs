@@ -66,7 +66,9 @@ async fn replicas_starting_together_migrate_once() {
     let Some(db) = TestDb::create("migrate_race").await else {
         return;
     };
-    let stores: Vec<_> = (0..6).map(|_| PgStore::open(&options(&db.url)).unwrap()).collect();
+    let stores: Vec<_> = (0..6)
+        .map(|_| PgStore::open(&options(&db.url)).unwrap())
+        .collect();
     let readies = stores.iter().map(|s| s.ready());
     for ready in futures_util::future::join_all(readies).await {
         ready.expect("every replica finds the schema ready");
@@ -145,8 +147,14 @@ async fn the_same_attempt_on_two_replicas_records_one_decision() {
     let Some(db) = TestDb::create("ledger_race").await else {
         return;
     };
-    let a = Arc::new(Ledger::new(PgStore::open(&options(&db.url)).unwrap(), defaults()));
-    let b = Arc::new(Ledger::new(PgStore::open(&options(&db.url)).unwrap(), defaults()));
+    let a = Arc::new(Ledger::new(
+        PgStore::open(&options(&db.url)).unwrap(),
+        defaults(),
+    ));
+    let b = Arc::new(Ledger::new(
+        PgStore::open(&options(&db.url)).unwrap(),
+        defaults(),
+    ));
     a.store().ready().await.unwrap();
     for attempt in 1..=4 {
         let mut races = Vec::new();
@@ -201,7 +209,11 @@ async fn two_servers_are_one_service() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(decided.action, pb::Action::ScheduleRetry as i32, "{decided:?}");
+        assert_eq!(
+            decided.action,
+            pb::Action::ScheduleRetry as i32,
+            "{decided:?}"
+        );
         assert!(!decided.replayed);
         let other = &mut clients[((attempt + 1) % 2) as usize];
         let replay = other
@@ -212,7 +224,10 @@ async fn two_servers_are_one_service() {
             .await
             .unwrap()
             .into_inner();
-        assert!(replay.replayed, "the other replica replays attempt {attempt}");
+        assert!(
+            replay.replayed,
+            "the other replica replays attempt {attempt}"
+        );
         assert_eq!(replay.delay_ms, decided.delay_ms);
     }
     let skipped = clients[0]
@@ -261,7 +276,11 @@ async fn without_its_database_a_replica_refuses_promptly_and_is_not_serving() {
         ))
         .await
         .unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     assert!(
         refused.message().starts_with("store_unavailable: "),

@@ -88,6 +88,7 @@ fn parse_attempts(s: &str) -> Result<(u32, u32), String> {
 pub async fn run_client(command: Command) -> ExitCode {
     match command {
         Command::Serve(_) => ExitCode::from(2),
+        Command::Migrate(args) => super::migrate(&args).await,
         Command::Delay(args) => delay(&args),
         Command::NextAction(args) => next_action_command(&args),
         Command::Explain(args) => match explain(&args).await {

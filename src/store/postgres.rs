@@ -29,6 +29,7 @@
 //! again on later operations until they succeed, so a replica that starts
 //! before its database still starts (not serving until then).
 
+mod import;
 mod migrate;
 mod writer;
 

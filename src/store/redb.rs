@@ -333,6 +333,45 @@ impl RedbStore {
         data_dir.join(DB_FILE)
     }
 
+    /// Up to `limit` records in key order, after `after` (from the first
+    /// when `None`), as checkpointed into redb: what `retry-budget migrate`
+    /// copies. [`RedbStore::checkpoint`] first, for every acknowledged save
+    /// to be there.
+    ///
+    /// # Errors
+    /// [`StoreError::Backend`] when redb fails, [`StoreError::Corrupt`] for
+    /// a record that does not decode.
+    pub fn scan(
+        &self,
+        after: Option<&ActivityKey>,
+        limit: usize,
+    ) -> Result<Vec<ActivityRecord>, StoreError> {
+        use std::ops::Bound;
+        let table = snapshot(&self.shared.db).map_err(backend("scan"))?;
+        let start = after.map_or(Bound::Unbounded, |k| {
+            Bound::Excluded((k.tenant.as_str(), k.activity_id.as_str()))
+        });
+        let rows = table
+            .range::<(&str, &str)>((start, Bound::Unbounded))
+            .map_err(backend("scan"))?;
+        let mut records = Vec::with_capacity(limit.min(4096));
+        for row in rows.take(limit) {
+            let (key, value) = row.map_err(backend("scan"))?;
+            let (tenant, activity_id) = key.value();
+            let record = codec::decode(value.value()).map_err(|source| {
+                corrupt(
+                    &ActivityKey {
+                        tenant: tenant.to_owned(),
+                        activity_id: activity_id.to_owned(),
+                    },
+                    source,
+                )
+            })?;
+            records.push(record);
+        }
+        Ok(records)
+    }
+
     /// Journal and checkpoint counters.
     pub fn commit_stats(&self) -> &CommitStats {
         &self.shared.stats

@@ -121,9 +121,8 @@ async fn dispatch(
         }
         // In key order, so that two replicas' commits over the same
         // activities lock their rows in one order and seldom deadlock.
-        batch.sort_unstable_by(|x, y| {
-            (&x.tenant, &x.activity_id).cmp(&(&y.tenant, &y.activity_id))
-        });
+        batch
+            .sort_unstable_by(|x, y| (&x.tenant, &x.activity_id).cmp(&(&y.tenant, &y.activity_id)));
         let pool = pool.clone();
         let stats = Arc::clone(&stats);
         tokio::spawn(async move {

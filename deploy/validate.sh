@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # Cheap static checks of deploy/ (no docker daemon, no cluster, no network):
-#   - the Kubernetes manifest against the API schemas, strictly (unknown
-#     fields are errors), with kubernetes-validate (PyPI; it bundles the
-#     schemas), for the oldest and newest Kubernetes versions checked;
-#   - the manifest's promises: one replica, the image's uid, the drain fitting
-#     in terminationGracePeriodSeconds, readiness noticing the drain, the
-#     ConfigMap's config.toml equal to deploy/config.toml;
-#   - deploy/compose.yaml with `docker-compose config` or `docker compose
-#     config` where one is installed (skipped, and said so, otherwise).
+#   - both Kubernetes manifests (the embedded StatefulSet and the PostgreSQL
+#     Deployment) against the API schemas, strictly (unknown fields are
+#     errors), with kubernetes-validate (PyPI; it bundles the schemas), for
+#     the oldest and newest Kubernetes versions checked;
+#   - what they promise (deploy/promises.py): the embedded one replica, the
+#     PostgreSQL three with a rollout that keeps three ready and a
+#     PodDisruptionBudget of the same pods, gRPC probes, the drain (and the
+#     preStop sleep) inside terminationGracePeriodSeconds, the database URL
+#     from the Secret, the replica id from the pod's name, the ConfigMap's
+#     config.toml equal to deploy/config.toml, Services that never mix the
+#     two stores' pods; and deploy/haproxy.cfg's (HTTP/2 on both sides, round
+#     robin, its gRPC health check byte for byte, its servers the compose
+#     replicas, a drain noticed before it ends);
+#   - deploy/haproxy.cfg with `haproxy -c` where HAProxy is installed, as
+#     compose runs it and as a test with loopback replicas would;
+#   - deploy/compose.yaml and deploy/compose-postgres.yaml with
+#     `docker-compose config` or `docker compose config`.
+# A missing haproxy or compose tool skips its checks, and says so.
 # Ends with "deploy-validate: N passed, M failed"; exits non-zero on a failure.
 #
 #   bash deploy/validate.sh      # K8S_VERSIONS="1.27.0 1.37.0" by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MANIFEST=deploy/kubernetes/retry-budget.yaml
+MANIFESTS="deploy/kubernetes/retry-budget.yaml deploy/kubernetes/retry-budget-postgres.yaml"
 K8S_VERSIONS=${K8S_VERSIONS:-"1.27.0 1.37.0"}
 PASSED=0
 FAILED=0
@@ -29,77 +39,46 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
 fi
 
 # --- schemas ----------------------------------------------------------------------
-for version in $K8S_VERSIONS; do
-  if out=$(kubernetes-validate --strict -k "$version" "$MANIFEST" 2>&1); then
+for manifest in $MANIFESTS; do
+  for version in $K8S_VERSIONS; do
+    if out=$(kubernetes-validate --strict -k "$version" "$manifest" 2>&1); then
+      echo "$out"
+      pass "kubernetes-validate --strict -k $version $manifest"
+    else
+      echo "$out" >&2
+      fail "kubernetes-validate --strict -k $version $manifest"
+    fi
+  done
+done
+
+# --- what the files promise -------------------------------------------------------------
+for what in embedded postgres haproxy; do
+  if out=$(python3 deploy/promises.py "$what" 2>&1); then
     echo "$out"
-    pass "kubernetes-validate --strict -k $version $MANIFEST"
+    pass "what the $what deployment promises (deploy/promises.py $what)"
   else
     echo "$out" >&2
-    fail "kubernetes-validate --strict -k $version $MANIFEST"
+    fail "what the $what deployment promises (deploy/promises.py $what)"
   fi
 done
 
-# --- what the manifest promises ------------------------------------------------------
-uid=$(sed -n 's/.*useradd .*--uid \([0-9]*\).*/\1/p' deploy/Dockerfile)
-if out=$(python3 - "$MANIFEST" deploy/config.toml "$uid" <<'EOF' 2>&1
-import re, sys, yaml
-
-manifest, config_path, image_uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
-docs = {d["kind"] + "/" + d["metadata"]["name"]: d for d in yaml.safe_load_all(open(manifest)) if d}
-problems = []
-def check(ok, what):
-    print(("ok     " if ok else "WRONG  ") + what)
-    if not ok:
-        problems.append(what)
-
-def seconds(text):
-    m = re.fullmatch(r"(\d+)(ms|s|m)", text)
-    if not m:
-        raise SystemExit("cannot read duration %r" % text)
-    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[m.group(2)]
-
-sts = docs["StatefulSet/retry-budget"]
-pod = sts["spec"]["template"]["spec"]
-(c,) = pod["containers"]
-check(sts["spec"]["replicas"] == 1, "StatefulSet replicas is 1 (embedded store: one process per data dir)")
-check(pod["securityContext"]["runAsUser"] == image_uid and pod["securityContext"]["fsGroup"] == image_uid,
-      "runAsUser and fsGroup are the image's uid %d" % image_uid)
-csc = c["securityContext"]
-check(csc["readOnlyRootFilesystem"] and csc["capabilities"]["drop"] == ["ALL"]
-      and not csc["allowPrivilegeEscalation"] and csc["seccompProfile"]["type"] == "RuntimeDefault",
-      "container: read-only root, no capabilities, no privilege escalation, seccomp RuntimeDefault")
-args = dict(a[2:].split("=", 1) for a in c["args"] if a.startswith("--"))
-drain = seconds(args.get("drain-delay", "2s"))
-grace = seconds(args.get("grace-period", "10s"))
-check(pod["terminationGracePeriodSeconds"] > drain + grace,
-      "terminationGracePeriodSeconds %s > drain-delay %s + grace-period %s" % (pod["terminationGracePeriodSeconds"], drain, grace))
-rp = c["readinessProbe"]
-check(rp["periodSeconds"] * rp["failureThreshold"] <= drain,
-      "readiness notices the drain: period %s x failures %s <= drain-delay %s" % (rp["periodSeconds"], rp["failureThreshold"], drain))
-lp = c["livenessProbe"]
-check(lp["periodSeconds"] * lp["failureThreshold"] > drain + grace,
-      "liveness does not restart a draining pod: %s x %s > %s" % (lp["periodSeconds"], lp["failureThreshold"], drain + grace))
-for name in ("startupProbe", "readinessProbe", "livenessProbe"):
-    check(c[name]["grpc"] == {"port": 50051, "service": "retrybudget.v1.RetryBudget"}, name + " is a gRPC probe of retrybudget.v1.RetryBudget on 50051")
-env = {e["name"]: e.get("value") for e in c["env"]}
-mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-check(env.get("RETRY_BUDGET_LISTEN") == "0.0.0.0:50051", "listens on 0.0.0.0:50051")
-check(env.get("RETRY_BUDGET_DATA_DIR") == mounts["data"], "data dir is the claimed volume")
-check(env.get("RETRY_BUDGET_CONFIG") == mounts["config"] + "/config.toml", "RETRY_BUDGET_CONFIG names the mounted ConfigMap file")
-check(docs["ConfigMap/retry-budget-config"]["data"]["config.toml"] == open(config_path).read(),
-      "the ConfigMap's config.toml is deploy/config.toml")
-svc = docs["Service/retry-budget"]["spec"]
-check(svc["type"] == "ClusterIP" and svc["ports"][0]["name"] == "grpc" and svc["ports"][0]["appProtocol"] == "grpc",
-      "Service: ClusterIP, port named grpc, appProtocol grpc")
-check(docs["Service/" + sts["spec"]["serviceName"]]["spec"].get("clusterIP") == "None", "serviceName is a headless Service")
-sys.exit(1 if problems else 0)
-EOF
-); then
-  echo "$out"
-  pass "manifest promises"
+# --- haproxy -c ---------------------------------------------------------------------------
+if ! command -v haproxy >/dev/null 2>&1; then
+  echo "skip - deploy/haproxy.cfg: haproxy is not installed (Debian package haproxy)"
 else
-  echo "$out" >&2
-  fail "manifest promises"
+  version=$(haproxy -v | sed -n '1s/^HAProxy version \([^ ]*\).*/\1/p')
+  # As compose-postgres.yaml runs it (its replicas' names need not resolve
+  # here: init-addr none), then as a test of three replicas on loopback would.
+  for env in "" "LB_LISTEN=127.0.0.1:50050 LB_SERVER_1=127.0.0.1:50051 LB_SERVER_2=127.0.0.1:50052 LB_SERVER_3=127.0.0.1:50053"; do
+    # $env unquoted: a list of NAME=VALUE words, or none.
+    # shellcheck disable=SC2086
+    if out=$(env $env haproxy -c -f deploy/haproxy.cfg 2>&1); then
+      pass "${env:+$env }haproxy -c -f deploy/haproxy.cfg (HAProxy $version)"
+    else
+      echo "$out" >&2
+      fail "${env:+$env }haproxy -c -f deploy/haproxy.cfg (HAProxy $version)"
+    fi
+  done
 fi
 
 # --- compose ----------------------------------------------------------------------------
@@ -110,12 +89,16 @@ elif docker compose version >/dev/null 2>&1; then
   compose=(docker compose)
 fi
 if [[ ${#compose[@]} -eq 0 ]]; then
-  echo "skip - deploy/compose.yaml: neither docker-compose nor docker compose is installed"
-elif out=$("${compose[@]}" -f deploy/compose.yaml config -q 2>&1); then
-  pass "${compose[*]} -f deploy/compose.yaml config -q"
+  echo "skip - deploy/compose.yaml, deploy/compose-postgres.yaml: neither docker-compose nor docker compose is installed"
 else
-  echo "$out" >&2
-  fail "${compose[*]} -f deploy/compose.yaml config -q"
+  for file in deploy/compose.yaml deploy/compose-postgres.yaml; do
+    if out=$("${compose[@]}" -f "$file" config -q 2>&1); then
+      pass "${compose[*]} -f $file config -q"
+    else
+      echo "$out" >&2
+      fail "${compose[*]} -f $file config -q"
+    fi
+  done
 fi
 
 echo "deploy-validate: $PASSED passed, $FAILED failed"

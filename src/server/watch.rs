@@ -15,14 +15,19 @@ use crate::store::Store;
 const STORE_HEALTH_PERIOD: Duration = Duration::from_secs(1);
 
 /// Sets health from one ping of the store now, then keeps it following the
-/// store in a task: `NOT_SERVING` for the service and the server (`""`)
-/// while the store does not answer, `SERVING` again once it does.
+/// store in a task: `NOT_SERVING` for the `RetryBudget` service while the
+/// store does not answer, `SERVING` again once it does. The server's own
+/// name (`""`) stays `SERVING` (the process is alive, and a liveness probe
+/// must not restart every replica while their database is down); only a
+/// drain turns it `NOT_SERVING`. Readiness and load balancers ask for the
+/// service by name.
 pub(super) async fn spawn_store_health<S: Store, N: NamedService>(
     ledger: Arc<Ledger<S>>,
     health: HealthReporter,
 ) -> tokio::task::JoinHandle<()> {
     let mut serving = ping(&ledger).await;
     set(&health, serving, N::NAME).await;
+    health.set_service_status("", ServingStatus::Serving).await;
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(STORE_HEALTH_PERIOD);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -56,7 +61,6 @@ async fn set(health: &HealthReporter, serving: bool, service: &str) {
         ServingStatus::NotServing
     };
     health.set_service_status(service, status).await;
-    health.set_service_status("", status).await;
 }
 
 /// Purges expired activities every `interval`, when this replica holds the

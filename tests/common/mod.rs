@@ -2,6 +2,7 @@
 //! temporary data directory and a shutdown handle, and gRPC clients for it.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod postgres;
 
 use std::net::SocketAddr;

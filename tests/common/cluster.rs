@@ -1,0 +1,128 @@
+//! Real processes for the multi-replica tests: replicas of the binary on
+//! PostgreSQL, each on an ephemeral port, and HAProxy in front of them with
+//! `deploy/haproxy.cfg` (HTTP/2, round robin per request).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A replica process.
+pub struct Replica {
+    /// The process; killed when dropped.
+    pub child: Child,
+    /// `127.0.0.1:port`.
+    pub addr: String,
+}
+
+impl Replica {
+    /// Starts the binary on `postgres_url` with `extra` flags and waits for
+    /// its "serving" log line.
+    pub async fn spawn(postgres_url: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
+            .args(["--postgres-url", postgres_url])
+            .args(extra)
+            .env_remove("RETRY_BUDGET_CONFIG")
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the binary");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.expect("read stderr") {
+                if line.contains("serving")
+                    && let Some(rest) = line.split("addr=").nth(1)
+                {
+                    return rest.split_whitespace().next().expect("address").to_owned();
+                }
+            }
+            panic!("the replica exited before serving");
+        })
+        .await
+        .expect("the replica starts");
+        // Keep reading stderr so the replica never blocks on a full pipe;
+        // echo it for a failing test's output.
+        let tag = addr.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("[{tag}] {line}");
+            }
+        });
+        Self { child, addr }
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// SIGKILL, and wait until it is gone.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("kill the replica");
+    }
+}
+
+/// HAProxy in front of the replicas, or `None` (said on stderr) when it is
+/// not installed, except under `CI=true`, where that fails the test.
+pub struct Balancer {
+    child: Child,
+    /// `127.0.0.1:port` of its frontend.
+    pub addr: String,
+}
+
+impl Balancer {
+    /// Starts HAProxy with `deploy/haproxy.cfg` over exactly three replicas.
+    pub async fn spawn(replicas: [&str; 3]) -> Option<Self> {
+        if Command::new("haproxy").arg("-v").output().await.is_err() {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true and haproxy is not installed");
+            }
+            eprintln!("skipped: haproxy is not installed (apt-get install haproxy)");
+            return None;
+        }
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/haproxy.cfg");
+        let child = Command::new("haproxy")
+            .args(["-db", "-f", config])
+            .env("LB_LISTEN", &addr)
+            .env("LB_SERVER_1", replicas[0])
+            .env("LB_SERVER_2", replicas[1])
+            .env("LB_SERVER_3", replicas[2])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start haproxy");
+        // Up once its frontend accepts connections.
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                return Some(Self { child, addr });
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("haproxy did not listen on {addr}");
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A port free now (HAProxy needs a fixed one).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}

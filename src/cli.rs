@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// store, so several replicas can serve as one [store.postgres_url].
     #[arg(long, env = ENV_POSTGRES_URL, hide_env_values = true)]
     pub postgres_url: Option<String>,
+    /// A CA certificate (PEM) to verify PostgreSQL's TLS certificate with,
+    /// besides the system's roots; requires TLS [store.db_ca_file].
+    #[arg(long)]
+    pub db_ca_file: Option<PathBuf>,
     /// Connections to PostgreSQL this replica keeps at most
     /// [store.pool_size].
     #[arg(long)]
@@ -188,6 +192,9 @@ impl ServeArgs {
         set(&mut store.max_batch, &self.max_batch);
         if self.postgres_url.is_some() {
             store.postgres_url.clone_from(&self.postgres_url);
+        }
+        if self.db_ca_file.is_some() {
+            store.db_ca_file.clone_from(&self.db_ca_file);
         }
         set(&mut store.pool_size, &self.pool_size);
         set(&mut store.db_timeout, &self.db_timeout);

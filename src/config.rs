@@ -147,6 +147,12 @@ pub struct StoreConfig {
         serialize_with = "redacted_url"
     )]
     pub postgres_url: Option<String>,
+    /// A CA certificate (PEM) to verify PostgreSQL's TLS certificate with,
+    /// besides the system's roots. Setting it requires TLS, as
+    /// `sslmode=require` in the URL does; without either, the connection
+    /// is plain TCP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_ca_file: Option<PathBuf>,
     /// Connections to PostgreSQL each replica keeps at most.
     pub pool_size: usize,
     /// The longest a PostgreSQL operation may take, waiting for a
@@ -175,6 +181,7 @@ impl Default for StoreConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             sweep_interval: Duration::from_secs(60),
             postgres_url: None,
+            db_ca_file: None,
             pool_size: 16,
             db_timeout: Duration::from_secs(2),
             runtime_idle: None,
@@ -202,6 +209,7 @@ impl StoreConfig {
             pool_size: self.pool_size,
             timeout: self.db_timeout,
             max_batch: self.max_batch,
+            ca_file: self.db_ca_file.clone(),
         })
     }
 }

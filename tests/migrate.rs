@@ -94,6 +94,7 @@ async fn a_copy_that_stopped_resumes_where_it_stopped() {
         pool_size: 2,
         timeout: Duration::from_secs(10),
         max_batch: 10,
+        ca_file: None,
     };
     let to = Arc::new(PgStore::open(&options).unwrap());
     // The first run dies after its second batch committed.

@@ -26,6 +26,7 @@ fn options(url: &str) -> PostgresOptions {
         pool_size: 8,
         timeout: Duration::from_secs(10),
         max_batch: 1024,
+        ca_file: None,
     }
 }
 
@@ -296,5 +297,67 @@ async fn without_its_database_a_replica_refuses_promptly_and_is_not_serving() {
             .get("grpc-retry-pushback-ms")
             .map(|v| v.to_str().unwrap()),
         Some("1000")
+    );
+}
+
+/// TLS to the database: with `sslmode=require` the certificate is verified
+/// (a CA file trusts the server's own, here the self-signed certificate a
+/// Debian PostgreSQL ships), and a certificate that does not name the host
+/// connected to is refused, not silently accepted.
+#[tokio::test]
+async fn tls_to_the_database_verifies_its_certificate() {
+    let Some(db) = TestDb::create("tls").await else {
+        return;
+    };
+    let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let ssl: String = client.query_one("SHOW ssl", &[]).await.unwrap().get(0);
+    let cert: String = client
+        .query_one("SHOW ssl_cert_file", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if ssl != "on" || std::fs::read(&cert).is_err() {
+        eprintln!(
+            "skipped: this PostgreSQL serves no TLS with a readable certificate ({ssl}, {cert})"
+        );
+        return;
+    }
+    // The Debian certificate names `localhost`.
+    let url = format!(
+        "{}?sslmode=require",
+        db.url.replacen("127.0.0.1", "localhost", 1)
+    );
+    let mut trusted = options(&url);
+    trusted.ca_file = Some(cert.into());
+    let store = PgStore::open(&trusted).unwrap();
+    store
+        .ping()
+        .await
+        .expect("TLS with the server's certificate trusted");
+    let over_tls: bool = store
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(over_tls, "the store's connection is encrypted");
+
+    // The same certificate, reached by another name than the one it holds.
+    let mut misnamed = options(&format!("{}?sslmode=require", db.url));
+    misnamed.ca_file = trusted.ca_file.clone();
+    misnamed.timeout = Duration::from_secs(2);
+    let refused = PgStore::open(&misnamed).unwrap().ping().await.unwrap_err();
+    assert!(
+        refused.to_string().starts_with("store_unavailable: "),
+        "{refused}"
     );
 }

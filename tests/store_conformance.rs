@@ -220,6 +220,7 @@ fn postgres(db: &TestDb) -> PostgresOptions {
         pool_size: 8,
         timeout: Duration::from_secs(10),
         max_batch: 1024,
+        ca_file: None,
     }
 }
 

@@ -21,6 +21,10 @@ pub struct MigrateArgs {
     /// The PostgreSQL database to copy into; its schema is created if need be.
     #[arg(long, env = ENV_POSTGRES_URL, hide_env_values = true)]
     pub postgres_url: String,
+    /// A CA certificate (PEM) to verify the database's TLS certificate
+    /// with, besides the system's roots; requires TLS.
+    #[arg(long)]
+    pub db_ca_file: Option<PathBuf>,
     /// Activities a transaction carries.
     #[arg(long, default_value_t = 1000)]
     pub batch: usize,
@@ -66,6 +70,7 @@ async fn run(args: &MigrateArgs) -> Result<copy::Copied, String> {
         pool_size: 2,
         timeout: Duration::from_secs(30),
         max_batch: args.batch,
+        ca_file: args.db_ca_file.clone(),
     })
     .map_err(|e| e.to_string())?;
     let bar = ProgressBar::new(0);

@@ -31,6 +31,7 @@
 
 mod import;
 mod migrate;
+mod tls;
 mod writer;
 
 use std::error::Error;
@@ -42,6 +43,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio_postgres::NoTls;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 
 pub use self::migrate::{MIGRATIONS, MigrateError, migrate};
@@ -60,6 +62,9 @@ pub struct PostgresOptions {
     pub timeout: Duration,
     /// The most saves one commit carries.
     pub max_batch: usize,
+    /// A CA certificate (PEM) to trust for the database's TLS certificate,
+    /// besides the system's roots. Setting it requires TLS.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Group commits in flight at once, each on its own connection: while one
@@ -108,13 +113,23 @@ impl PgStore {
         if config.get_application_name().is_none() {
             config.application_name("retry-budget");
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        if options.ca_file.is_some() {
+            config.ssl_mode(SslMode::Require);
+        }
+        // TLS when asked for (`sslmode=require`, or a CA file): always with
+        // the certificate and the host name verified. Otherwise plain TCP,
+        // even where the server offers TLS (`sslmode=prefer`), since a
+        // certificate no root vouches for would fail every connection.
+        let manager = if config.get_ssl_mode() == SslMode::Require {
+            let tls = tls::connector(options.ca_file.as_deref())
+                .map_err(|e| Failure::new("set up TLS to PostgreSQL", e).to_store_error())?;
+            Manager::from_config(config, tls, manager_config)
+        } else {
+            Manager::from_config(config, NoTls, manager_config)
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(COMMITS_IN_FLIGHT + 1))
             .wait_timeout(Some(options.timeout))

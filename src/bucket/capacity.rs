@@ -65,8 +65,8 @@ impl Capacity {
 
     /// Whether this capacity admits nothing.
     pub fn is_closed(&self) -> bool {
-        // Written so that NaN is closed too.
-        !(self.rate >= MIN_RATE)
+        // NaN is closed too.
+        self.rate.is_nan() || self.rate < MIN_RATE
     }
 
     /// The weight of `tenant`: its own, or the default; never 0.

@@ -211,7 +211,9 @@ impl FairShares {
                 held,
             });
         } else {
-            let token = (1e9 / capacity.rate.min(MAX_RATE)).round() as Nanos;
+            // Rounded up: the bucket never runs faster than it is given,
+            // so the replicas' rates never sum past the global one.
+            let token = (1e9 / capacity.rate.min(MAX_RATE)).ceil() as Nanos;
             if self.closed.is_none() {
                 self.tenants.rescale_ahead(now, token, self.token);
             }
@@ -234,6 +236,15 @@ impl FairShares {
     /// Whether the bucket has no rate (see [`FairShares::set_capacity`]).
     pub fn is_closed(&self) -> bool {
         self.closed.is_some()
+    }
+
+    /// The refill rate in force, tokens a second (0 when closed).
+    pub fn rate(&self) -> f64 {
+        if self.closed.is_some() {
+            0.0
+        } else {
+            1e9 / self.token as f64
+        }
     }
 
     /// Hands each tenant's count of tokens asked for since the last call to

@@ -112,6 +112,11 @@ impl FairBucket {
         self.lock().is_closed()
     }
 
+    /// The refill rate in force, tokens a second (0 when closed).
+    pub fn rate(&self) -> f64 {
+        self.lock().rate()
+    }
+
     /// Each tenant's count of tokens asked for since the last call, and
     /// resets the counts ([`FairShares::take_demand`]). Allocates, under
     /// the lock, one entry per tenant that asked: meant for a reader once

@@ -157,6 +157,9 @@ pub struct CoordinationState {
     pub replicas: usize,
     /// The lease's epoch, once taken.
     pub epoch: Option<i64>,
+    /// When the last committed transaction began, by this replica's
+    /// clock: the lease lasts [`CoordinationConfig::lease_ttl`] from it.
+    pub renewed_at: Option<tokio::time::Instant>,
     /// The last failure since the last success, if any.
     pub last_error: Option<String>,
 }

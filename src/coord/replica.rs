@@ -73,6 +73,7 @@ impl Replica {
             target: 0.0,
             replicas: 1,
             epoch: None,
+            renewed_at: None,
             last_error: None,
         });
         let replica = Self {
@@ -120,12 +121,11 @@ impl Replica {
         let demand =
             Demand::from_counts(counts, began - self.counting_since, MAX_PUBLISHED_TENANTS);
         self.counting_since = began;
-        // Never wait past the lease: at its end the grant must go.
+        // A slow transaction may still renew the lease, so it is given
+        // until the lease would lapse (then the grant goes), or an
+        // interval when there is no lease to lose.
         let limit = match self.lapse() {
-            Some(lapse) => self
-                .config
-                .interval
-                .min(lapse.saturating_duration_since(began)),
+            Some(lapse) => lapse.saturating_duration_since(began),
             None => self.config.interval,
         };
         let outcome = match tokio::time::timeout(limit, self.transact(&demand)).await {
@@ -143,6 +143,7 @@ impl Replica {
                     target: done.grant.target,
                     replicas: done.replicas,
                     epoch: self.epoch,
+                    renewed_at: self.renewed_at,
                     last_error: None,
                 });
             }
@@ -269,6 +270,7 @@ impl Replica {
                 status: CoordinationStatus::NoGrant,
                 rate: 0.0,
                 burst: 0,
+                renewed_at: None,
                 last_error: Some(error.to_string()),
                 ..previous
             });

@@ -98,9 +98,9 @@ pub(super) async fn write(
 ) -> Result<Option<i64>, tokio_postgres::Error> {
     let ttl = millis(w.ttl);
     let burst = i64::from(w.granted_burst);
-    let row = match w.epoch {
-        Some(epoch) => {
-            tx.query_opt(
+    let renewed = match w.epoch {
+        Some(epoch) => tx
+            .query_opt(
                 "UPDATE replica_leases SET \
                     expires_at = now() + $2::BIGINT * INTERVAL '1 millisecond', \
                     granted_rate = $3, granted_burst = $4, demand = $5 \
@@ -116,9 +116,10 @@ pub(super) async fn write(
                 ],
             )
             .await?
-        }
-        None => {
-            tx.query_opt(
+            .map(|row| Ok(Some(row)))
+            .unwrap_or(Err(epoch)),
+        None => tx
+            .query_opt(
                 "INSERT INTO replica_leases AS l \
                     (replica_id, epoch, expires_at, granted_rate, granted_burst, demand) \
                  VALUES ($1, 1, now() + $2::BIGINT * INTERVAL '1 millisecond', $3, $4, $5) \
@@ -128,6 +129,30 @@ pub(super) async fn write(
                     granted_burst = excluded.granted_burst, demand = excluded.demand \
                  RETURNING epoch",
                 &[&w.replica_id, &ttl, &w.granted_rate, &burst, &w.demand],
+            )
+            .await
+            .map(Ok)?,
+    };
+    let row = match renewed {
+        Ok(row) => row,
+        // Not renewed: if the row is gone (deleted as stale after a long
+        // partition), it is taken again with the next epoch; if another
+        // epoch holds it, nothing is written.
+        Err(epoch) => {
+            tx.query_opt(
+                "INSERT INTO replica_leases \
+                    (replica_id, epoch, expires_at, granted_rate, granted_burst, demand) \
+                 VALUES ($1, $6::BIGINT + 1, now() + $2::BIGINT * INTERVAL '1 millisecond', $3, $4, $5) \
+                 ON CONFLICT (replica_id) DO NOTHING \
+                 RETURNING epoch",
+                &[
+                    &w.replica_id,
+                    &ttl,
+                    &w.granted_rate,
+                    &burst,
+                    &w.demand,
+                    &epoch,
+                ],
             )
             .await?
         }

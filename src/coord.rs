@@ -187,8 +187,9 @@ impl fmt::Display for CoordinationState {
     }
 }
 
-/// A running coordination. Dropping it stops the task without leaving (the
-/// row lapses on its own); [`Coordinator::leave`] deletes the row first.
+/// A running coordination. Dropping it stops the task and closes the bucket
+/// without deleting the row (it lapses on its own, and the others take the
+/// share then); [`Coordinator::leave`] deletes the row first.
 #[derive(Debug)]
 pub struct Coordinator {
     /// The task's view, for readers.
@@ -197,6 +198,11 @@ pub struct Coordinator {
     stop: Option<oneshot::Sender<()>>,
     /// The task.
     task: JoinHandle<()>,
+    /// The bucket, closed when the coordinator is dropped without leaving:
+    /// its lease is no longer renewed, so its grant must go.
+    bucket: FairBucket,
+    /// Whether [`Coordinator::leave`] ran (the task closed the bucket).
+    left: bool,
 }
 
 impl Coordinator {
@@ -206,6 +212,9 @@ impl Coordinator {
     ///
     /// # Errors
     /// The [`CoordinationConfigError`] of an invalid configuration.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (it spawns the task).
     pub fn start(
         pool: deadpool_postgres::Pool,
         bucket: FairBucket,
@@ -214,12 +223,14 @@ impl Coordinator {
     ) -> Result<Self, CoordinationConfigError> {
         config.validate()?;
         let (stop, stopped) = oneshot::channel();
-        let (replica, state) = replica::Replica::new(pool, bucket, bucket_config, config);
+        let (replica, state) = replica::Replica::new(pool, bucket.clone(), bucket_config, config);
         let task = tokio::spawn(replica.run(stopped));
         Ok(Self {
             state,
             stop: Some(stop),
             task,
+            bucket,
+            left: false,
         })
     }
 
@@ -236,12 +247,17 @@ impl Coordinator {
         }
         // A task that panicked has nothing left to delete.
         let _ = (&mut self.task).await;
+        self.left = true;
     }
 }
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
         self.task.abort();
+        if !self.left {
+            self.bucket
+                .set_capacity(&crate::bucket::Capacity::closed(DEFAULT_INTERVAL));
+        }
     }
 }
 

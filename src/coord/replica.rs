@@ -95,6 +95,10 @@ impl Replica {
     pub async fn run(mut self, mut stop: oneshot::Receiver<()>) {
         let mut ticks = tokio::time::interval(self.config.interval);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The first interval runs at once (no grant before it); the next
+        // ones at a random phase, so that replicas started together do not
+        // run their transactions together and fail each other's.
+        let mut phased = false;
         loop {
             // The grant goes when the lease would lapse, not at the next
             // interval after.
@@ -103,7 +107,13 @@ impl Replica {
                 .filter(|_| self.status() == CoordinationStatus::Granted);
             let far = Instant::now() + Duration::from_secs(86_400);
             tokio::select! {
-                _ = ticks.tick() => self.interval().await,
+                _ = ticks.tick() => {
+                    self.interval().await;
+                    if !phased {
+                        phased = true;
+                        ticks.reset_after(self.config.interval + random_part(self.config.interval));
+                    }
+                }
                 _ = tokio::time::sleep_until(lapse.unwrap_or(far)), if lapse.is_some() => {
                     self.fall_back();
                 }
@@ -164,9 +174,7 @@ impl Replica {
                 {
                     // Jittered, so that the replicas that collided do not
                     // collide again.
-                    let jitter = RandomState::new().hash_one(attempt) % 20;
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt) + jitter))
-                        .await;
+                    tokio::time::sleep(random_part(self.config.interval / 10)).await;
                 }
                 outcome => return outcome,
             }
@@ -331,4 +339,10 @@ impl Replica {
             Err(_) => tracing::warn!("coordination: leaving timed out, the row will lapse"),
         }
     }
+}
+
+/// A random duration below `limit`.
+fn random_part(limit: Duration) -> Duration {
+    let nanos = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Duration::from_nanos(RandomState::new().hash_one(Instant::now()) % nanos)
 }

@@ -28,6 +28,9 @@ const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 const INTERVAL: Duration = Duration::from_millis(200);
 const RATE: f64 = 150.0;
 const BURST: u32 = 30;
+/// The buckets' reservation horizon: short, to keep the bucket's own
+/// over-commit term (`2 * rate * horizon`) small.
+const HORIZON: Duration = Duration::from_millis(100);
 
 /// A schema of the test's own, dropped at the end.
 struct Schema {
@@ -131,8 +134,7 @@ fn budget() -> BucketConfig {
     BucketConfig {
         rate: RATE,
         burst: BURST,
-        // A short horizon keeps the bucket's own over-commit term small.
-        max_reservation_ms: 100,
+        max_reservation_ms: HORIZON.as_millis() as u64,
         ..BucketConfig::default()
     }
 }
@@ -161,9 +163,11 @@ fn replica(pool: Pool, id: &str) -> Replica {
     }
 }
 
-/// Asks `bucket` for `per_second` tokens for `tenant`, evenly, counting the
-/// ones granted, until aborted. It never books (max wait 0), so what is
-/// granted is what is admitted, when it is admitted.
+/// Asks `bucket` for `per_second` tokens for `tenant`, evenly, as a retry
+/// with a deadline one horizon away would (the handler's `commit_within`),
+/// counting the tokens granted or booked, until aborted. A booked token is
+/// counted when booked, up to a horizon before it is used: the bound below
+/// allows for it.
 fn drive(
     bucket: FairBucket,
     tenant: &'static str,
@@ -178,7 +182,9 @@ fn drive(
             let due = (start.elapsed().as_secs_f64() * per_second) as u64;
             while asked < due {
                 asked += 1;
-                if bucket.admit_within(tenant, Duration::ZERO) == Admission::Granted {
+                if let Admission::Granted | Admission::Deferred { .. } =
+                    bucket.admit_within(tenant, HORIZON)
+                {
                     counter.fetch_add(1, Relaxed);
                 }
             }
@@ -215,7 +221,7 @@ async fn observe(
 /// `rate * T + burst + 2 * rate * horizon` (the bucket's own over-commit
 /// term), plus one sampling period of rate; returns the admitted rate.
 fn check_bound(samples: &[(Instant, u64)]) -> f64 {
-    let slack = f64::from(BURST) + 2.0 * RATE * 0.1 + RATE * 0.02;
+    let slack = f64::from(BURST) + 2.0 * RATE * HORIZON.as_secs_f64() + RATE * 0.02;
     let mut worst = f64::MIN;
     for (i, &(t0, n0)) in samples.iter().enumerate() {
         for &(t1, n1) in &samples[i + 1..] {
@@ -350,6 +356,68 @@ async fn a_replica_that_leaves_deletes_its_row_and_closes() {
     // after a lease.
     wait_for("b takes all", INTERVAL * 3, || bb.rate() >= RATE * 0.999).await;
     b.coordinator.leave().await;
+    schema.drop_it().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_deleted_is_taken_again_and_a_row_taken_by_another_epoch_closes_the_bucket() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let r = replica(schema.pool(None), "dup");
+    let bucket = r.bucket.clone();
+    let state = r.coordinator.state();
+    wait_for("granted", INTERVAL * 10, || bucket.rate() > 0.0).await;
+    let client = schema.pool(None).get().await.expect("a connection");
+    let epoch = || async {
+        client
+            .query_opt(
+                "SELECT epoch FROM replica_leases WHERE replica_id = 'dup'",
+                &[],
+            )
+            .await
+            .expect("read")
+            .map(|row| row.get::<_, i64>(0))
+    };
+    assert_eq!(epoch().await, Some(1));
+    // Deleted (as a stale row would be): taken again, the grant kept.
+    client
+        .execute("DELETE FROM replica_leases", &[])
+        .await
+        .expect("delete");
+    sleep(INTERVAL * 2).await;
+    assert_eq!(epoch().await, Some(2));
+    assert!(bucket.rate() > 0.0);
+    assert_eq!(state.borrow().status, CoordinationStatus::Granted);
+    // Taken by another process with the same id: the bucket closes, then
+    // takes the row back at its next interval.
+    client
+        .execute("UPDATE replica_leases SET epoch = 99", &[])
+        .await
+        .expect("update");
+    let mut watch = state.clone();
+    let closed = tokio::time::timeout(
+        INTERVAL * 3,
+        watch.wait_for(|s| s.status == CoordinationStatus::NoGrant),
+    )
+    .await
+    .expect("closed within an interval")
+    .expect("the task runs")
+    .clone();
+    assert!(
+        closed
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("used twice")),
+        "{closed}"
+    );
+    wait_for("granted again", INTERVAL * 3, || {
+        state.borrow().status == CoordinationStatus::Granted
+    })
+    .await;
+    assert_eq!(epoch().await, Some(100));
+    r.coordinator.leave().await;
+    assert_eq!(epoch().await, None, "left: the row is deleted");
     schema.drop_it().await;
 }
 

@@ -203,6 +203,8 @@ pub struct Coordinator {
     bucket: FairBucket,
     /// Whether [`Coordinator::leave`] ran (the task closed the bucket).
     left: bool,
+    /// The global budget, for a reload.
+    budget: watch::Sender<BucketConfig>,
 }
 
 impl Coordinator {
@@ -223,7 +225,8 @@ impl Coordinator {
     ) -> Result<Self, CoordinationConfigError> {
         config.validate()?;
         let (stop, stopped) = oneshot::channel();
-        let (replica, state) = replica::Replica::new(pool, bucket.clone(), bucket_config, config);
+        let (budget, budgets) = watch::channel(bucket_config);
+        let (replica, state) = replica::Replica::new(pool, bucket.clone(), budgets, config);
         let task = tokio::spawn(replica.run(stopped));
         Ok(Self {
             state,
@@ -231,7 +234,16 @@ impl Coordinator {
             task,
             bucket,
             left: false,
+            budget,
         })
+    }
+
+    /// A new global budget (a reloaded configuration): its rate, burst and
+    /// weights apply from the next interval on. Validate it first; the
+    /// bucket's other settings (horizon, tenant bound, deposit) stay as
+    /// built.
+    pub fn set_budget(&self, bucket_config: BucketConfig) {
+        self.budget.send_replace(bucket_config);
     }
 
     /// A handle on the state, updated at each change.

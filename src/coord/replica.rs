@@ -41,10 +41,17 @@ struct Committed {
 
 /// The task's state.
 pub(super) struct Replica {
+    /// Connections to the database that holds the leases.
     pool: deadpool_postgres::Pool,
+    /// The bucket whose capacity this task sets.
     bucket: FairBucket,
+    /// The global budget, as read at the start of the interval.
     budget: BucketConfig,
+    /// The global budget as configured now (a reload sends a new one).
+    budgets: watch::Receiver<BucketConfig>,
+    /// The interval and this replica's id.
     config: CoordinationConfig,
+    /// What readers see (health details).
     state: watch::Sender<CoordinationState>,
     /// The lease's epoch, once taken.
     epoch: Option<i64>,
@@ -62,9 +69,10 @@ impl Replica {
     pub fn new(
         pool: deadpool_postgres::Pool,
         bucket: FairBucket,
-        budget: BucketConfig,
+        budgets: watch::Receiver<BucketConfig>,
         config: CoordinationConfig,
     ) -> (Self, watch::Receiver<CoordinationState>) {
+        let budget = budgets.borrow().clone();
         bucket.set_capacity(&Capacity::closed(config.interval));
         let (state, receiver) = watch::channel(CoordinationState {
             status: CoordinationStatus::NoGrant,
@@ -80,6 +88,7 @@ impl Replica {
             pool,
             bucket,
             budget,
+            budgets,
             config,
             state,
             epoch: None,
@@ -127,6 +136,9 @@ impl Replica {
     /// bucket.
     async fn interval(&mut self) {
         let began = Instant::now();
+        // A reloaded budget applies from this interval on: the split and
+        // the fallback use it, and grants follow within an interval.
+        self.budget = self.budgets.borrow_and_update().clone();
         let counts = self.bucket.take_demand();
         let demand =
             Demand::from_counts(counts, began - self.counting_since, MAX_PUBLISHED_TENANTS);

@@ -10,125 +10,26 @@
 //! `cargo test --test coordination -- --nocapture` prints the figures.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use retry_budget::bucket::{Admission, BucketConfig, FairBucket, GLOBAL_CAPACITY_EXHAUSTED};
-use retry_budget::coord::{
-    CoordinationConfig, CoordinationStatus, Coordinator, LEASE_INTERVALS, MIGRATION,
-};
-use tokio::net::{TcpListener, TcpStream};
+use retry_budget::coord::{CoordinationConfig, CoordinationStatus, Coordinator, LEASE_INTERVALS};
+use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
-use tokio_postgres::NoTls;
 
-const URL_ENV: &str = "RETRY_BUDGET_TEST_POSTGRES_URL";
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+mod postgres;
+
+use postgres::{Proxy, Schema};
+
 const INTERVAL: Duration = Duration::from_millis(200);
 const RATE: f64 = 150.0;
 const BURST: u32 = 30;
 /// The buckets' reservation horizon: short, to keep the bucket's own
 /// over-commit term (`2 * rate * horizon`) small.
 const HORIZON: Duration = Duration::from_millis(100);
-
-/// A schema of the test's own, dropped at the end.
-struct Schema {
-    config: tokio_postgres::Config,
-    name: String,
-}
-
-impl Schema {
-    /// A fresh schema with the lease table, or `None` (said) when the
-    /// database is unreachable outside CI.
-    async fn create() -> Option<Self> {
-        let url = std::env::var(URL_ENV).unwrap_or_else(|_| DEFAULT_URL.to_owned());
-        let config: tokio_postgres::Config = url.parse().expect("a valid postgres url");
-        let connected = tokio::time::timeout(Duration::from_secs(3), config.connect(NoTls)).await;
-        let (client, connection) = match connected {
-            Ok(Ok(pair)) => pair,
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "PostgreSQL at {url} is unreachable under CI: {why}"
-                );
-                eprintln!("skipped: PostgreSQL at {url} is unreachable ({why}); set {URL_ENV}");
-                return None;
-            }
-        };
-        tokio::spawn(connection);
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "coord_test_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Relaxed)
-        );
-        client
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"
-            ))
-            .await
-            .expect("create the schema");
-        let schema = Self { config, name };
-        let pool = schema.pool(None);
-        let client = pool.get().await.expect("a connection");
-        // Twice: the migration is idempotent.
-        client.batch_execute(MIGRATION).await.expect("migration");
-        client
-            .batch_execute(MIGRATION)
-            .await
-            .expect("migration again");
-        Some(schema)
-    }
-
-    /// A pool on the schema, through `port` instead of the server's own
-    /// when given (a proxy that can be cut).
-    fn pool(&self, port: Option<u16>) -> Pool {
-        // `host` and `port` add to a config's lists: a proxied one is
-        // built afresh.
-        let mut config = match port {
-            None => self.config.clone(),
-            Some(port) => {
-                let mut c = tokio_postgres::Config::new();
-                c.host("127.0.0.1").port(port);
-                c.user(self.config.get_user().unwrap_or("postgres"));
-                c.dbname(self.config.get_dbname().unwrap_or("postgres"));
-                if let Some(password) = self.config.get_password() {
-                    c.password(password);
-                }
-                c
-            }
-        };
-        config.options(format!("-c search_path={}", self.name));
-        config.connect_timeout(Duration::from_secs(1));
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        Pool::builder(manager)
-            .max_size(2)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(1)))
-            .create_timeout(Some(Duration::from_secs(1)))
-            .build()
-            .expect("a pool")
-    }
-
-    async fn drop_it(self) {
-        let (client, connection) = self.config.connect(NoTls).await.expect("connect");
-        tokio::spawn(connection);
-        let _ = client
-            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name))
-            .await;
-    }
-}
 
 fn budget() -> BucketConfig {
     BucketConfig {
@@ -360,6 +261,28 @@ async fn a_replica_that_leaves_deletes_its_row_and_closes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_budget_applies_from_the_next_interval() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let r = replica(schema.pool(None), "reloaded");
+    let bucket = r.bucket.clone();
+    wait_for("granted", INTERVAL * 10, || bucket.rate() >= RATE * 0.999).await;
+    r.coordinator.set_budget(BucketConfig {
+        rate: 40.0,
+        ..budget()
+    });
+    wait_for("the new rate", INTERVAL * 3, || {
+        (bucket.rate() - 40.0).abs() < 1e-3
+    })
+    .await;
+    // Alone, it holds the whole burst.
+    assert_eq!(r.coordinator.state().borrow().burst, BURST);
+    r.coordinator.leave().await;
+    schema.drop_it().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_deleted_is_taken_again_and_a_row_taken_by_another_epoch_closes_the_bucket() {
     let Some(schema) = Schema::create().await else {
         return;
@@ -511,38 +434,4 @@ async fn a_replica_that_loses_the_database_keeps_its_grant_until_its_lease_lapse
     other.coordinator.leave().await;
     drop(cut_off);
     schema.drop_it().await;
-}
-
-/// A TCP proxy to the database that can be cut: open connections end and
-/// new ones are refused.
-struct Proxy {
-    port: u16,
-    tasks: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl Proxy {
-    async fn start(upstream: u16) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let all = tasks.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let piped = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream)).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                all.lock().unwrap().push(piped);
-            }
-        });
-        tasks.lock().unwrap().push(accept);
-        Self { port, tasks }
-    }
-
-    fn cut(&self) {
-        for task in self.tasks.lock().unwrap().drain(..) {
-            task.abort();
-        }
-    }
 }

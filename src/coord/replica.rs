@@ -115,7 +115,13 @@ impl Replica {
                 .lapse()
                 .filter(|_| self.status() == CoordinationStatus::Granted);
             let far = Instant::now() + Duration::from_secs(86_400);
+            // Biased: a lapse due is handled before another interval starts.
             tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(lapse.unwrap_or(far)), if lapse.is_some() => {
+                    self.fall_back();
+                }
+                _ = &mut stop => break,
                 _ = ticks.tick() => {
                     self.interval().await;
                     if !phased {
@@ -123,10 +129,6 @@ impl Replica {
                         ticks.reset_after(self.config.interval + random_part(self.config.interval));
                     }
                 }
-                _ = tokio::time::sleep_until(lapse.unwrap_or(far)), if lapse.is_some() => {
-                    self.fall_back();
-                }
-                _ = &mut stop => break,
             }
         }
         self.leave().await;

@@ -32,6 +32,8 @@
 //!
 //! # Layout
 //! - [`config`]: [`BucketConfig`], its defaults and validation.
+//! - `capacity`: [`Capacity`], the rate, burst and weights a running bucket
+//!   is given (at start-up, by a reload, or by the replicas' coordination).
 //! - `fair`: [`FairShares`], the algorithm, pure (time is a parameter).
 //! - `tenants`: the bounded table of tenants behind it.
 //! - `handle`: [`FairBucket`], the shared, locked, clocked bucket.
@@ -45,6 +47,7 @@
 //! activity's deadline); for anything else, do nothing, and the token goes
 //! back when the request is dropped.
 
+mod capacity;
 pub mod config;
 mod fair;
 mod handle;
@@ -54,6 +57,7 @@ mod service;
 mod stats;
 mod tenants;
 
+pub use capacity::Capacity;
 pub use config::{BucketConfig, BucketConfigError};
 pub use fair::{Admission, FairShares, Grant};
 pub use handle::FairBucket;

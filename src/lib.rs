@@ -7,6 +7,8 @@
 //!   machine, stable codes). No I/O, no clock, no tokio, tonic or prost.
 //! - [`bucket`]: the global retry-token bucket with fair per-tenant shares,
 //!   and the tower layer that hands a permit to each `NextAction` call.
+//! - [`coord`]: one global retry budget across replicas, agreed through
+//!   the database once an interval.
 //! - [`ledger`]: durable activity budgets: one activity at a time, durable
 //!   before the reply.
 //! - [`store`]: where activities live, behind one [`store::Store`] trait.
@@ -21,6 +23,7 @@ pub mod budget;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod coord;
 pub mod grpc;
 pub mod ledger;
 pub mod server;

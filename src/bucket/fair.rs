@@ -58,11 +58,31 @@
 //! deposits. Reservations are promises kept even when a newcomer arrives
 //! later; this bound is the price of keeping both the promises and the
 //! newcomer's share.
+//!
+//! # A capacity set at run time
+//! [`FairShares::set_capacity`] changes the rate, burst and weights. The
+//! tokens held carry over as tokens (at most the new burst), and a meter
+//! ahead of `now` carries over as the same number of tokens promised, now
+//! paid for at the new rate: lowering the rate slows the refill at once,
+//! and what was booked stays booked. Slots ahead (`next`, the refused
+//! turns) are stretched or shrunk by the ratio of the token intervals, so
+//! a tenant's place in the timeline keeps its meaning in tokens. A closed
+//! bucket (no rate) grants and books nothing; what it still holds or owes
+//! (up to its burst, 0 for [`Capacity::closed`]) waits, frozen, for the
+//! next capacity.
+//!
+//! # Demand
+//! Each tenant entry counts the tokens asked for (every admission, and
+//! every token taken at once), read and reset by [`FairShares::take_demand`]:
+//! a replica publishes these counts so that the global budget can be shared
+//! by where the demand is. Counting is one add on an entry the request
+//! touches anyway.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::config::{BucketConfig, BucketConfigError};
+use super::capacity::Capacity;
+use super::config::{BucketConfig, BucketConfigError, MAX_RATE};
 use super::tenants::{OVERFLOW, Tenants};
 use super::{
     GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
@@ -103,6 +123,16 @@ struct Pending {
     others: u64,
 }
 
+/// A closed bucket's state.
+#[derive(Debug, Clone, Copy)]
+struct Closed {
+    /// When to ask again.
+    retry_after: Nanos,
+    /// Tokens held when it closed (negative: promised ahead), kept for the
+    /// next capacity.
+    held: f64,
+}
+
 /// The global bucket with weighted fair per-tenant shares, as pure state.
 #[derive(Debug)]
 pub struct FairShares {
@@ -120,8 +150,12 @@ pub struct FairShares {
     overcommit: Nanos,
     /// What one success deposit moves the meter back.
     deposit: Nanos,
-    /// The configuration, for the weights of new tenants.
-    config: BucketConfig,
+    /// Tokens a success deposits, to scale `deposit` when the rate changes.
+    success_deposit: f64,
+    /// The current capacity, for the weights of new tenants.
+    capacity: Capacity,
+    /// Set while the bucket has no rate: what it holds and what it answers.
+    closed: Option<Closed>,
     /// The time at which the refill has paid for every token taken.
     meter: Nanos,
     /// The tenants and their slots.
@@ -151,15 +185,83 @@ impl FairShares {
             deposit: (config.success_deposit * token as f64).min(NANOS_LIMIT as f64) as Nanos,
             meter: -burst,
             tenants: Tenants::new(config.max_tenants, config.default_weight),
-            config: config.clone(),
+            success_deposit: config.success_deposit,
+            capacity: Capacity::from_config(config),
+            closed: None,
         })
+    }
+
+    /// Changes the rate, burst and weights from `now` on (see the module
+    /// doc): tokens held are kept up to the new burst, tokens promised stay
+    /// promised, and a rate below the least accepted closes the bucket.
+    pub fn set_capacity(&mut self, capacity: &Capacity, now: Duration) {
+        let now = nanos(now);
+        self.tenants.expire(now);
+        let held = match self.closed {
+            Some(closed) => closed.held,
+            None => {
+                self.refill(now);
+                (now - self.meter) as f64 / self.token as f64
+            }
+        };
+        let held = held.min(f64::from(capacity.burst));
+        if capacity.is_closed() {
+            self.closed = Some(Closed {
+                retry_after: nanos(capacity.closed_retry_after),
+                held,
+            });
+        } else {
+            // Rounded up: the bucket never runs faster than it is given,
+            // so the replicas' rates never sum past the global one.
+            let token = (1e9 / capacity.rate.min(MAX_RATE)).ceil() as Nanos;
+            if self.closed.is_none() {
+                self.tenants.rescale_ahead(now, token, self.token);
+            }
+            self.token = token;
+            self.burst = token
+                .saturating_mul(Nanos::from(capacity.burst))
+                .min(NANOS_LIMIT);
+            self.deposit = (self.success_deposit * token as f64).min(NANOS_LIMIT as f64) as Nanos;
+            let ahead = (-held * token as f64).clamp(-(self.burst as f64), NANOS_LIMIT as f64);
+            self.meter = now.saturating_add(ahead as Nanos).min(NANOS_LIMIT);
+            self.closed = None;
+        }
+        self.tenants.reweigh(
+            |name| capacity.weight_of(name),
+            capacity.default_weight.max(1),
+        );
+        self.capacity = capacity.clone();
+    }
+
+    /// Whether the bucket has no rate (see [`FairShares::set_capacity`]).
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    /// The refill rate in force, tokens a second (0 when closed).
+    pub fn rate(&self) -> f64 {
+        if self.closed.is_some() {
+            0.0
+        } else {
+            1e9 / self.token as f64
+        }
+    }
+
+    /// Hands each tenant's count of tokens asked for since the last call to
+    /// `each`, and resets the counts. Tenants that asked for nothing are
+    /// left out; an evicted tenant's count is lost with it (it was idle the
+    /// longest, so it is small).
+    pub fn take_demand(&mut self, mut each: impl FnMut(&str, u64)) {
+        self.tenants.take_asked(|name, asked| each(name, asked));
     }
 
     /// Takes a token for `tenant` now if its share or spare capacity allows,
     /// without booking anything otherwise. The token can be returned with
     /// [`FairShares::release`].
     pub fn take(&mut self, tenant: &str, now: Duration) -> Option<Grant> {
-        self.grant_now(tenant, nanos(now)).ok()
+        let grant = self.grant_now(tenant, nanos(now)).ok()?;
+        self.tenants.get_mut(grant.index).asked += 1;
+        Some(grant)
     }
 
     /// Takes a token for `tenant` now, or books its next free slot if that
@@ -168,8 +270,14 @@ impl FairShares {
     pub fn admit(&mut self, tenant: &str, now: Duration, max_wait: Duration) -> Admission {
         let now = nanos(now);
         match self.grant_now(tenant, now) {
-            Ok(_) => Admission::Granted,
-            Err(pending) => self.book(pending, now, nanos(max_wait)),
+            Ok(grant) => {
+                self.tenants.get_mut(grant.index).asked += 1;
+                Admission::Granted
+            }
+            Err(pending) => {
+                self.tenants.get_mut(pending.index).asked += 1;
+                self.book(pending, now, nanos(max_wait))
+            }
         }
     }
 
@@ -178,8 +286,12 @@ impl FairShares {
     pub fn release(&mut self, grant: Grant, now: Duration) {
         let now = nanos(now);
         self.tenants.expire(now);
-        self.refill(now);
-        self.meter = (self.meter - self.token).max(now - self.burst);
+        if let Some(closed) = &mut self.closed {
+            closed.held += 1.0;
+        } else {
+            self.refill(now);
+            self.meter = (self.meter - self.token).max(now - self.burst);
+        }
         let i = grant.index;
         if self.tenants.get(i).generation != grant.generation {
             return; // evicted meanwhile: its share is gone already
@@ -194,6 +306,9 @@ impl FairShares {
 
     /// Adds the configured `success_deposit` to the bucket (up to `burst`).
     pub fn deposit_success(&mut self, now: Duration) {
+        if self.closed.is_some() {
+            return; // nothing to deposit into: the next capacity starts afresh
+        }
         let now = nanos(now);
         self.refill(now);
         self.meter = (self.meter - self.deposit).max(now - self.burst);
@@ -202,6 +317,9 @@ impl FairShares {
     /// Tokens in the bucket at `now`; negative when it has promised tokens
     /// the refill has not yet paid for.
     pub fn level(&self, now: Duration) -> f64 {
+        if let Some(closed) = self.closed {
+            return closed.held;
+        }
         let now = nanos(now);
         (now - self.meter.max(now - self.burst)) as f64 / self.token as f64
     }
@@ -226,6 +344,7 @@ impl FairShares {
         let (grant, index) = match self.grant_now(tenant, nanos(now)) {
             Ok(grant) => {
                 let index = grant.index;
+                self.tenants.get_mut(index).asked += 1;
                 (Some(grant), index)
             }
             Err(pending) => (None, pending.index),
@@ -243,9 +362,17 @@ impl FairShares {
     /// within its bound) or the bucket holds a spare one.
     fn grant_now(&mut self, tenant: &str, now: Nanos) -> Result<Grant, Pending> {
         self.tenants.expire(now);
+        let capacity = &self.capacity;
+        let index = self.tenants.lookup(tenant, |name| capacity.weight_of(name));
+        if self.closed.is_some() {
+            return Err(Pending {
+                index,
+                next: now,
+                share: 0,
+                others: 0,
+            });
+        }
         self.refill(now);
-        let config = &self.config;
-        let index = self.tenants.lookup(tenant, |name| config.weight_of(name));
         let t = self.tenants.get(index);
         let (weight, next, generation) = (u64::from(t.weight), t.next, t.generation);
         let backlogged = next > now;
@@ -277,6 +404,16 @@ impl FairShares {
 
     /// Books the tenant's next free slot, or refuses.
     fn book(&mut self, p: Pending, now: Nanos, max_wait: Nanos) -> Admission {
+        if let Some(closed) = self.closed {
+            return Admission::Refused {
+                retry_after: duration(closed.retry_after),
+                reason: if closed.retry_after > max_wait {
+                    past_max_wait(max_wait, GLOBAL_CAPACITY_EXHAUSTED)
+                } else {
+                    GLOBAL_CAPACITY_EXHAUSTED
+                },
+            };
+        }
         let room = now + self.booking_bound;
         // Not granted although within the over-commit bound: backlogged, so
         // the slot is in the future.

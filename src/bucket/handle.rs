@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::{Admission, FairShares, Grant};
 use super::permit::PermitSlot;
@@ -96,6 +97,35 @@ impl FairBucket {
     pub fn deposit_success(&self) {
         self.lock().deposit_success(self.now());
         self.shared.counters.deposit();
+    }
+
+    /// Changes the rate, burst and weights from now on
+    /// ([`FairShares::set_capacity`]): a configuration reloaded, or a
+    /// replica's part of a global budget. Tokens held beyond the new burst
+    /// are dropped; tokens granted and slots booked stay.
+    pub fn set_capacity(&self, capacity: &Capacity) {
+        self.lock().set_capacity(capacity, self.now());
+    }
+
+    /// Whether the bucket has no rate and so admits nothing.
+    pub fn is_closed(&self) -> bool {
+        self.lock().is_closed()
+    }
+
+    /// The refill rate in force, tokens a second (0 when closed).
+    pub fn rate(&self) -> f64 {
+        self.lock().rate()
+    }
+
+    /// Each tenant's count of tokens asked for since the last call, and
+    /// resets the counts ([`FairShares::take_demand`]). Allocates, under
+    /// the lock, one entry per tenant that asked: meant for a reader once
+    /// a second or so, not for the request path.
+    pub fn take_demand(&self) -> Vec<(String, u64)> {
+        let mut demand = Vec::new();
+        self.lock()
+            .take_demand(|tenant, asked| demand.push((tenant.to_owned(), asked)));
+        demand
     }
 
     /// The counters, the bucket's level and each tracked tenant's tokens.

@@ -59,6 +59,8 @@ pub(super) struct Tenant {
     pub refused_until: i64,
     /// Tokens granted or booked, less tokens returned (for metrics).
     pub tokens: u64,
+    /// Tokens asked for since the demand was last read (see `fair`).
+    pub asked: u64,
     /// Position in the backlog heap, or `NONE` when idle.
     heap_pos: u32,
     /// Previous entry in the idle list.
@@ -203,6 +205,52 @@ impl Tenants {
         }
     }
 
+    /// Gives every entry the weight `weight` says (the overflow entry
+    /// `overflow_weight`), keeping the backlogged weight exact.
+    pub fn reweigh(&mut self, weight: impl Fn(&str) -> u32, overflow_weight: u32) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let new = if i == OVERFLOW as usize {
+                overflow_weight
+            } else {
+                weight(&slot.name)
+            };
+            if slot.heap_pos != NONE {
+                self.backlogged_weight =
+                    self.backlogged_weight - u64::from(slot.weight) + u64::from(new);
+            }
+            slot.weight = new;
+        }
+    }
+
+    /// Stretches every slot and refused turn still ahead of `now` by
+    /// `num / den`. The map is increasing, so the heap keeps its order and
+    /// no tenant changes between backlogged and idle.
+    pub fn rescale_ahead(&mut self, now: i64, num: i64, den: i64) {
+        let scale = |t: i64| {
+            if t <= now {
+                return t;
+            }
+            let ahead = i128::from(t - now) * i128::from(num) / i128::from(den.max(1));
+            // Kept at least 1 ahead, so a backlogged tenant stays so.
+            now.saturating_add(ahead.clamp(1, i128::from(i64::MAX / 4)) as i64)
+        };
+        for slot in &mut self.slots {
+            slot.next = scale(slot.next);
+            slot.refused_until = scale(slot.refused_until);
+        }
+    }
+
+    /// Hands each entry's `asked` count, when not 0, to `each`, and resets
+    /// it.
+    pub fn take_asked(&mut self, mut each: impl FnMut(&str, u64)) {
+        for slot in &mut self.slots {
+            if slot.asked > 0 {
+                each(&slot.name, slot.asked);
+                slot.asked = 0;
+            }
+        }
+    }
+
     fn heap_push(&mut self, i: u32) {
         let pos = self.heap.len() as u32;
         self.heap.push(i);
@@ -316,6 +364,7 @@ impl Tenant {
             generation,
             refused_until: i64::MIN,
             tokens: 0,
+            asked: 0,
             heap_pos: NONE,
             prev: NONE,
             next_idle: NONE,

@@ -2,6 +2,7 @@
 //! test of the over-commit bound.
 
 use super::*;
+use crate::bucket::Capacity;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -287,6 +288,173 @@ proptest::proptest! {
                 + deposits;
             proptest::prop_assert!(taken <= bound + 1e-6, "{taken} > {bound}");
             proptest::prop_assert!(b.level(now) >= -config.rate * 0.4 - 1e-6);
+        }
+    }
+}
+
+fn capacity(rate: f64, burst: u32) -> Capacity {
+    Capacity {
+        rate,
+        burst,
+        ..Capacity::from_config(&BucketConfig::default())
+    }
+}
+
+#[test]
+fn a_lower_capacity_drops_tokens_past_its_burst_and_refills_at_its_rate_at_once() {
+    let mut b = shares(10.0, 10);
+    b.set_capacity(&capacity(1.0, 2), Duration::ZERO);
+    assert_eq!(b.level(Duration::ZERO), 2.0);
+    assert!(b.take("a", Duration::ZERO).is_some());
+    assert_eq!(b.level(Duration::ZERO), 1.0);
+    assert_eq!(b.level(500 * MS), 1.5, "one token a second now");
+    assert_eq!(
+        b.level(Duration::from_secs(9)),
+        2.0,
+        "at most the new burst"
+    );
+}
+
+#[test]
+fn tokens_promised_stay_promised_and_are_paid_at_the_new_rate() {
+    let mut b = shares(100.0, 1);
+    while let Admission::Granted | Admission::Deferred { .. } =
+        b.admit("flood", Duration::ZERO, Duration::MAX)
+    {}
+    let owed = b.level(Duration::ZERO);
+    assert!(owed < -100.0, "{owed}");
+    b.set_capacity(&capacity(50.0, 1), Duration::ZERO);
+    assert_eq!(b.level(Duration::ZERO), owed);
+    // At half the rate the debt takes twice as long to pay.
+    let paid_at = Duration::from_secs_f64(-owed / 50.0);
+    assert!(b.level(paid_at - 20 * MS) < 0.0);
+    assert!(b.level(paid_at + 20 * MS) > 0.0);
+    // The flood's next slot was stretched with the rate: twice as far.
+    let Admission::Refused { retry_after, .. } = b.admit("flood", Duration::ZERO, Duration::MAX)
+    else {
+        panic!("the flood is past its horizon");
+    };
+    assert!(retry_after > Duration::from_secs(1), "{retry_after:?}");
+}
+
+#[test]
+fn a_closed_bucket_refuses_everything_until_it_is_given_a_rate() {
+    let mut b = shares(10.0, 5);
+    b.set_capacity(&Capacity::closed(Duration::from_secs(1)), Duration::ZERO);
+    assert!(b.is_closed());
+    assert!(b.take("a", Duration::ZERO).is_none());
+    let refused = Admission::Refused {
+        retry_after: Duration::from_secs(1),
+        reason: GLOBAL_CAPACITY_EXHAUSTED,
+    };
+    assert_eq!(b.admit("a", Duration::from_secs(5), Duration::MAX), refused);
+    assert_eq!(
+        b.admit("b", Duration::from_secs(5), Duration::ZERO),
+        refused
+    );
+    assert_eq!(
+        b.admit("a", Duration::from_secs(5), 10 * MS),
+        Admission::Refused {
+            retry_after: Duration::from_secs(1),
+            reason: RESERVATION_PAST_MAX_WAIT,
+        }
+    );
+    assert_eq!(b.level(Duration::from_secs(60)), 0.0, "nothing refills");
+    b.set_capacity(&capacity(10.0, 5), Duration::from_secs(60));
+    assert!(!b.is_closed());
+    assert_eq!(b.level(Duration::from_secs(60)), 0.0, "it opens empty");
+    assert_eq!(b.level(Duration::from_secs(61)), 5.0);
+    assert_eq!(
+        b.admit("a", Duration::from_secs(61), Duration::MAX),
+        Admission::Granted
+    );
+}
+
+#[test]
+fn new_weights_apply_to_tenants_already_backlogged() {
+    let mut b = shares(100.0, 1);
+    b.take("gold", Duration::ZERO);
+    b.take("lead", Duration::ZERO);
+    let mut c = capacity(100.0, 1);
+    c.weights.insert("gold".to_owned(), 3);
+    b.set_capacity(&c, Duration::ZERO);
+    // W = 4, as if configured so from the start (`weights_set_the_spacing`).
+    let g1 = wait(b.admit("gold", Duration::ZERO, Duration::MAX));
+    let g2 = wait(b.admit("gold", Duration::ZERO, Duration::MAX));
+    let l1 = wait(b.admit("lead", Duration::ZERO, Duration::MAX));
+    let l2 = wait(b.admit("lead", Duration::ZERO, Duration::MAX));
+    assert_eq!(g2 - g1, Duration::from_nanos(13_333_333));
+    assert_eq!(l2 - l1, 40 * MS);
+}
+
+#[test]
+fn demand_counts_every_token_asked_for_once_and_is_reset_when_read() {
+    let mut b = shares(10.0, 1);
+    let g = b.take("a", Duration::ZERO).unwrap(); // granted: 1
+    assert!(b.take("a", Duration::ZERO).is_none()); // not taken: not asked yet
+    b.admit("a", Duration::ZERO, Duration::MAX); // deferred: 2
+    b.admit("a", Duration::ZERO, Duration::ZERO); // refused: 3
+    b.release(g, Duration::ZERO);
+    b.set_capacity(&Capacity::closed(Duration::from_secs(1)), Duration::ZERO);
+    b.admit("b", Duration::ZERO, Duration::MAX); // closed, still demand
+    let mut demand = Vec::new();
+    b.take_demand(|t, n| demand.push((t.to_owned(), n)));
+    assert_eq!(demand, [("a".to_owned(), 3), ("b".to_owned(), 1)]);
+    demand.clear();
+    b.take_demand(|t, n| demand.push((t.to_owned(), n)));
+    assert!(demand.is_empty());
+}
+
+proptest::proptest! {
+    /// With the capacity changed at any time (closed included), the tokens
+    /// taken stay within the refill paid at the rates in force, plus the
+    /// largest burst and the over-commit bound at the largest rate.
+    #[test]
+    fn the_bound_holds_across_capacity_changes(
+        ops in proptest::collection::vec((0u8..4, 0u8..5, 0u64..30), 1..400),
+    ) {
+        let rates = [0.0, 10.0, 50.0, 100.0];
+        let config = BucketConfig {
+            rate: 50.0,
+            burst: 5,
+            max_reservation_ms: 200,
+            max_tenants: 3,
+            ..BucketConfig::default()
+        };
+        let mut b = FairShares::new(&config).unwrap();
+        let (mut now, mut taken, mut paid, mut rate) = (Duration::ZERO, 0.0, 0.0, 50.0);
+        let mut held = Vec::new();
+        for (tenant, op, dt) in ops {
+            let step = Duration::from_millis(dt);
+            paid += rate * step.as_secs_f64();
+            now += step;
+            match op {
+                0 => {
+                    if let Some(g) = b.take(["a", "b", "c", "d"][usize::from(tenant)], now) {
+                        taken += 1.0;
+                        held.push(g);
+                    }
+                }
+                1 | 2 => {
+                    if let Admission::Granted | Admission::Deferred { .. } =
+                        b.admit(["a", "b", "c", "d"][usize::from(tenant)], now, Duration::MAX)
+                    {
+                        taken += 1.0;
+                    }
+                }
+                3 => {
+                    if let Some(g) = held.pop() {
+                        b.release(g, now);
+                        taken -= 1.0;
+                    }
+                }
+                _ => {
+                    rate = rates[usize::from(tenant)];
+                    b.set_capacity(&capacity(rate, u32::from(tenant) * 2), now);
+                }
+            }
+            let bound = 6.0 + paid + 100.0 * 2.0 * 0.2;
+            proptest::prop_assert!(taken <= bound + 1e-6, "{taken} > {bound}");
         }
     }
 }

@@ -1,0 +1,178 @@
+//! The split's properties: targets within the rate, weighted max-min, the
+//! same share wherever a tenant's traffic lands, and grants within what the
+//! others leave.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn config(rate: f64, burst: u32) -> BucketConfig {
+    BucketConfig {
+        rate,
+        burst,
+        weights: [("gold".to_owned(), 3)].into(),
+        ..BucketConfig::default()
+    }
+}
+
+fn view(demand: &[(&str, f64)], granted_rate: f64) -> ReplicaView {
+    ReplicaView {
+        demand: Demand {
+            tenants: demand.iter().map(|(t, d)| ((*t).to_owned(), *d)).collect(),
+            ..Demand::default()
+        },
+        granted_rate,
+    }
+}
+
+/// Each claim's share, by name (named tenants only).
+fn shares(config: &BucketConfig, replicas: &[ReplicaView]) -> BTreeMap<String, f64> {
+    let s = split(config, replicas);
+    s.named
+        .iter()
+        .map(|(t, &i)| ((*t).to_owned(), s.claims[i].share))
+        .collect()
+}
+
+#[test]
+fn a_pinned_tenant_and_a_spread_one_get_the_same_share() {
+    let c = config(90.0, 90);
+    let replicas = [
+        view(&[("pinned", 300.0), ("spread", 100.0)], 30.0),
+        view(&[("spread", 100.0)], 30.0),
+        view(&[("spread", 100.0)], 30.0),
+    ];
+    let s = shares(&c, &replicas);
+    assert_eq!((s["pinned"], s["spread"]), (45.0, 45.0));
+    let t = split(&c, &replicas).targets;
+    assert_eq!(t, [45.0 + 15.0, 15.0, 15.0]);
+    let g = allocate(&c, &replicas, 0);
+    assert_eq!(
+        (g.rate, g.target, g.burst),
+        (30.0, 60.0, 30),
+        "the others hold 60"
+    );
+    assert!(g.weights["pinned"] > 2 * g.weights["spread"]);
+}
+
+#[test]
+fn small_demands_are_met_and_the_rest_shared_by_weight() {
+    let c = config(100.0, 100);
+    let replicas = [
+        view(&[("small", 10.0), ("gold", 500.0)], 0.0),
+        view(&[("lead", 500.0)], 0.0),
+    ];
+    let s = shares(&c, &replicas);
+    assert_eq!(s["small"], 10.0);
+    assert!((s["gold"] - 67.5).abs() < 1e-9, "{s:?}");
+    assert!((s["lead"] - 22.5).abs() < 1e-9, "{s:?}");
+}
+
+#[test]
+fn capacity_nobody_asks_for_is_split_evenly_and_a_newcomer_weighs_like_a_saturated_tenant() {
+    let c = config(100.0, 100);
+    let replicas = [view(&[("a", 10.0)], 0.0), view(&[], 0.0)];
+    assert_eq!(split(&c, &replicas).targets, [10.0 + 45.0, 45.0]);
+    let g = allocate(&c, &replicas, 1);
+    assert_eq!((g.rate, g.burst), (45.0, 45));
+    assert!(g.default_weight > 0);
+    let gold = i64::from(g.weights["gold"]);
+    assert!((gold - 3 * i64::from(g.default_weight)).abs() <= 3, "{g:?}");
+}
+
+#[test]
+fn a_lone_replica_with_no_demand_takes_everything() {
+    let c = config(100.0, 100);
+    let g = allocate(&c, &[view(&[], 0.0)], 0);
+    assert_eq!((g.rate, g.burst, g.target), (100.0, 100, 100.0));
+}
+
+fn replicas_strategy() -> impl Strategy<Value = Vec<ReplicaView>> {
+    let tenant = prop::sample::select(vec!["a", "b", "c", "d", "gold"]);
+    let demand = prop::collection::vec((tenant, 0.0..400.0f64), 0..5);
+    let replica = (demand, 0.0..100.0f64, 0.0..50.0f64, 0u32..5).prop_map(
+        |(demand, granted_rate, rest_rate, rest_tenants)| {
+            let mut tenants: BTreeMap<String, f64> = BTreeMap::new();
+            for (t, d) in demand {
+                tenants.insert(t.to_owned(), d);
+            }
+            ReplicaView {
+                demand: Demand {
+                    tenants: tenants.into_iter().collect(),
+                    rest_rate: if rest_tenants > 0 { rest_rate } else { 0.0 },
+                    rest_tenants,
+                },
+                granted_rate,
+            }
+        },
+    );
+    prop::collection::vec(replica, 1..6)
+}
+
+proptest! {
+    #[test]
+    fn targets_sum_to_the_rate_and_shares_are_weighted_max_min(
+        replicas in replicas_strategy(),
+        rate in 1.0..500.0f64,
+    ) {
+        let c = config(rate, 50);
+        let s = split(&c, &replicas);
+        let targets: f64 = s.targets.iter().sum();
+        prop_assert!((targets - rate).abs() <= 1e-6 * rate, "{targets} != {rate}");
+        let demand: f64 = s.claims.iter().map(Claim::total).sum();
+        let given: f64 = s.claims.iter().map(|c| c.share).sum();
+        prop_assert!((given - demand.min(rate)).abs() <= 1e-6 * rate);
+        // No claim gets more than it asks; one held back gets at least as
+        // much per weight as any other.
+        for a in &s.claims {
+            prop_assert!(a.share <= a.total() + 1e-9);
+            if a.share < a.total() - 1e-9 {
+                for b in &s.claims {
+                    prop_assert!(b.share / b.weight <= a.share / a.weight + 1e-9);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_grant_never_exceeds_what_the_others_leave_nor_the_target(
+        replicas in replicas_strategy(),
+        rate in 1.0..500.0f64,
+    ) {
+        let c = config(rate, 50);
+        for me in 0..replicas.len() {
+            let g = allocate(&c, &replicas, me);
+            let others: f64 = replicas
+                .iter()
+                .enumerate()
+                .filter(|&(r, _)| r != me)
+                .map(|(_, v)| v.granted_rate)
+                .sum();
+            prop_assert!(g.rate >= 0.0 && g.rate <= g.target + 1e-9);
+            prop_assert!(g.rate <= (rate - others).max(0.0) + 1e-9);
+            prop_assert!(f64::from(g.burst) <= 50.0 * g.rate / rate + 1e-9);
+        }
+    }
+
+    /// The same tenant's demand, all on one replica or spread evenly over
+    /// all, gets the same share.
+    #[test]
+    fn where_the_traffic_lands_does_not_change_the_share(
+        n in 1usize..6,
+        pinned in 1.0..300.0f64,
+        spread in 1.0..300.0f64,
+        other in 0.0..300.0f64,
+        rate in 1.0..300.0f64,
+    ) {
+        let c = config(rate, 50);
+        let mut replicas: Vec<ReplicaView> = (0..n)
+            .map(|_| view(&[("s", spread / n as f64)], 0.0))
+            .collect();
+        replicas[0].demand.tenants.push(("p".into(), pinned));
+        replicas[n - 1].demand.tenants.push(("o".into(), other));
+        let s = shares(&c, &replicas);
+        let fair = |d: f64| d.min(s["p"].max(s["s"]));
+        prop_assert!((s["p"] - fair(pinned)).abs() < 1e-6);
+        prop_assert!((s["s"] - fair(spread)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,137 @@
+//! [`Demand`]: what a replica publishes in its lease row, the rate of
+//! tokens each tenant asked it for over the last interval, and its
+//! encoding in the row.
+//!
+//! # Bounded
+//! A row holds at most [`MAX_PUBLISHED_TENANTS`] tenants by name, the ones
+//! that asked most; the others are summed into one figure with their count.
+//! At 1,000 tenants and the bound of 256 a row is about 10 KB, written once
+//! an interval.
+//!
+//! # Versioned
+//! The column is protobuf (`bytea`), its schema the messages below with
+//! their field numbers, as the store's records: a replica of a later
+//! release reads what an earlier one wrote, and the other way round.
+//! Decoding never fails the tick: a row that does not decode counts as no
+//! demand (its replica's grant still counts).
+
+use std::time::Duration;
+
+use prost::Message;
+
+/// Most tenants a row names; the rest are summed.
+pub const MAX_PUBLISHED_TENANTS: usize = 256;
+
+/// A replica's recent demand, in tokens a second.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Demand {
+    /// Tenants by name with their rate, the largest first.
+    pub tenants: Vec<(String, f64)>,
+    /// Summed rate of the tenants not named.
+    pub rest_rate: f64,
+    /// How many tenants that sum is over.
+    pub rest_tenants: u32,
+}
+
+impl Demand {
+    /// The demand of `counts` (tokens asked per tenant) over `elapsed`,
+    /// keeping the `top` largest by name.
+    pub fn from_counts(mut counts: Vec<(String, u64)>, elapsed: Duration, top: usize) -> Self {
+        let seconds = elapsed.as_secs_f64().max(1e-3);
+        counts.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let rest = counts.split_off(top.min(counts.len()));
+        Self {
+            tenants: counts
+                .into_iter()
+                .map(|(tenant, n)| (tenant, n as f64 / seconds))
+                .collect(),
+            rest_rate: rest.iter().map(|(_, n)| *n as f64).sum::<f64>() / seconds,
+            rest_tenants: u32::try_from(rest.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The total rate.
+    pub fn total(&self) -> f64 {
+        self.tenants.iter().map(|(_, r)| r).sum::<f64>() + self.rest_rate
+    }
+
+    /// The row's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        DemandRecord {
+            tenants: self
+                .tenants
+                .iter()
+                .map(|(tenant, rate)| TenantRecord {
+                    tenant: tenant.clone(),
+                    rate: *rate,
+                })
+                .collect(),
+            rest_rate: self.rest_rate,
+            rest_tenants: self.rest_tenants,
+        }
+        .encode_to_vec()
+    }
+
+    /// The demand in a row's bytes; `None` if they do not decode or hold
+    /// rates that are not finite and at least 0.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let record = DemandRecord::decode(bytes).ok()?;
+        let valid = |r: f64| r.is_finite() && r >= 0.0;
+        let demand = Self {
+            tenants: record
+                .tenants
+                .into_iter()
+                .map(|t| (t.tenant, t.rate))
+                .collect(),
+            rest_rate: record.rest_rate,
+            rest_tenants: record.rest_tenants,
+        };
+        (valid(demand.rest_rate) && demand.tenants.iter().all(|(_, r)| valid(*r))).then_some(demand)
+    }
+}
+
+/// `retrybudget.coord.v1.Demand`.
+#[derive(Clone, PartialEq, Message)]
+struct DemandRecord {
+    #[prost(message, repeated, tag = "1")]
+    tenants: Vec<TenantRecord>,
+    #[prost(double, tag = "2")]
+    rest_rate: f64,
+    #[prost(uint32, tag = "3")]
+    rest_tenants: u32,
+}
+
+/// `retrybudget.coord.v1.TenantDemand`.
+#[derive(Clone, PartialEq, Message)]
+struct TenantRecord {
+    #[prost(string, tag = "1")]
+    tenant: String,
+    #[prost(double, tag = "2")]
+    rate: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_are_named_the_rest_summed_and_it_round_trips() {
+        let counts = vec![
+            ("a".into(), 10),
+            ("b".into(), 30),
+            ("c".into(), 20),
+            ("d".into(), 2),
+        ];
+        let d = Demand::from_counts(counts, Duration::from_millis(500), 2);
+        assert_eq!(d.tenants, [("b".into(), 60.0), ("c".into(), 40.0)]);
+        assert_eq!((d.rest_rate, d.rest_tenants), (24.0, 2));
+        assert_eq!(d.total(), 124.0);
+        assert_eq!(Demand::decode(&d.encode()), Some(d));
+        assert_eq!(Demand::decode(b"\xff\xff"), None);
+        let bad = Demand {
+            rest_rate: f64::NAN,
+            ..Demand::default()
+        };
+        assert_eq!(Demand::decode(&bad.encode()), None);
+    }
+}

@@ -1,0 +1,362 @@
+//! The task that runs a replica's interval: measure demand, run the
+//! transaction, set the bucket, watch the lease.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::allocation::{ReplicaGrant, ReplicaView, allocate};
+use super::demand::{Demand, MAX_PUBLISHED_TENANTS};
+use super::lease::{self, LeaseWrite};
+use super::{CoordinationConfig, CoordinationState, CoordinationStatus};
+use crate::bucket::{BucketConfig, Capacity, FairBucket};
+
+/// Transactions tried per interval when they fail with SQLSTATE 40001.
+const SERIALIZATION_ATTEMPTS: u32 = 5;
+/// A lapsed row is deleted after this many lease lengths.
+const STALE_LEASES: u32 = 20;
+
+/// Why an interval's transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+enum TickError {
+    #[error("database pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("database: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    #[error("the transaction took longer than the time left")]
+    Timeout,
+    #[error("the lease row is held under another epoch: is replica_id {0:?} used twice?")]
+    Lost(String),
+}
+
+/// What a committed transaction established.
+struct Committed {
+    epoch: i64,
+    grant: ReplicaGrant,
+    replicas: usize,
+}
+
+/// The task's state.
+pub(super) struct Replica {
+    /// Connections to the database that holds the leases.
+    pool: deadpool_postgres::Pool,
+    /// The bucket whose capacity this task sets.
+    bucket: FairBucket,
+    /// The global budget, as read at the start of the interval.
+    budget: BucketConfig,
+    /// The global budget as configured now (a reload sends a new one).
+    budgets: watch::Receiver<BucketConfig>,
+    /// The interval and this replica's id.
+    config: CoordinationConfig,
+    /// What readers see (health details).
+    state: watch::Sender<CoordinationState>,
+    /// The lease's epoch, once taken.
+    epoch: Option<i64>,
+    /// The rate and burst the bucket hands out now.
+    applied: (f64, u32),
+    /// When the last committed transaction began: the lease lapses, by the
+    /// database's clock, no earlier than a TTL after it.
+    renewed_at: Option<Instant>,
+    /// Since when demand is being counted.
+    counting_since: Instant,
+}
+
+impl Replica {
+    /// The task's state, its bucket closed, and the state's receiver.
+    pub fn new(
+        pool: deadpool_postgres::Pool,
+        bucket: FairBucket,
+        budgets: watch::Receiver<BucketConfig>,
+        config: CoordinationConfig,
+    ) -> (Self, watch::Receiver<CoordinationState>) {
+        let budget = budgets.borrow().clone();
+        bucket.set_capacity(&Capacity::closed(config.interval));
+        let (state, receiver) = watch::channel(CoordinationState {
+            status: CoordinationStatus::NoGrant,
+            rate: 0.0,
+            burst: 0,
+            target: 0.0,
+            replicas: 1,
+            epoch: None,
+            renewed_at: None,
+            last_error: None,
+        });
+        let replica = Self {
+            pool,
+            bucket,
+            budget,
+            budgets,
+            config,
+            state,
+            epoch: None,
+            applied: (0.0, 0),
+            renewed_at: None,
+            counting_since: Instant::now(),
+        };
+        (replica, receiver)
+    }
+
+    /// Runs an interval at a time until `stop` fires (then leaves) or the
+    /// task is aborted (then the row lapses).
+    pub async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+        let mut ticks = tokio::time::interval(self.config.interval);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The first interval runs at once (no grant before it); the next
+        // ones at a random phase, so that replicas started together do not
+        // run their transactions together and fail each other's.
+        let mut phased = false;
+        loop {
+            // The grant goes when the lease would lapse, not at the next
+            // interval after.
+            let lapse = self
+                .lapse()
+                .filter(|_| self.status() == CoordinationStatus::Granted);
+            let far = Instant::now() + Duration::from_secs(86_400);
+            // Biased: a lapse due is handled before another interval starts.
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(lapse.unwrap_or(far)), if lapse.is_some() => {
+                    self.fall_back();
+                }
+                _ = &mut stop => break,
+                _ = ticks.tick() => {
+                    self.interval().await;
+                    if !phased {
+                        phased = true;
+                        ticks.reset_after(self.config.interval + random_part(self.config.interval));
+                    }
+                }
+            }
+        }
+        self.leave().await;
+    }
+
+    /// One interval: the transaction, then what its outcome means for the
+    /// bucket.
+    async fn interval(&mut self) {
+        let began = Instant::now();
+        // A reloaded budget applies from this interval on: the split and
+        // the fallback use it, and grants follow within an interval.
+        self.budget = self.budgets.borrow_and_update().clone();
+        let counts = self.bucket.take_demand();
+        let demand =
+            Demand::from_counts(counts, began - self.counting_since, MAX_PUBLISHED_TENANTS);
+        self.counting_since = began;
+        // A slow transaction may still renew the lease, so it is given
+        // until the lease would lapse (then the grant goes), or an
+        // interval when there is no lease to lose.
+        let limit = match self.lapse() {
+            Some(lapse) => lapse.saturating_duration_since(began),
+            None => self.config.interval,
+        };
+        let outcome = match tokio::time::timeout(limit, self.transact(&demand)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(TickError::Timeout),
+        };
+        match outcome {
+            Ok(done) => {
+                self.epoch = Some(done.epoch);
+                self.renewed_at = Some(began);
+                self.state.send_replace(CoordinationState {
+                    status: CoordinationStatus::Granted,
+                    rate: done.grant.rate,
+                    burst: done.grant.burst,
+                    target: done.grant.target,
+                    replicas: done.replicas,
+                    epoch: self.epoch,
+                    renewed_at: self.renewed_at,
+                    last_error: None,
+                });
+            }
+            Err(error) => self.failed(error),
+        }
+    }
+
+    /// The transaction, retried on serialization failures.
+    async fn transact(&mut self, demand: &Demand) -> Result<Committed, TickError> {
+        let mut client = self.pool.get().await?;
+        let encoded = demand.encode();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.attempt(&mut client, demand, &encoded).await {
+                Err(TickError::Database(e))
+                    if lease::is_serialization_failure(&e) && attempt < SERIALIZATION_ATTEMPTS =>
+                {
+                    // Jittered, so that the replicas that collided do not
+                    // collide again.
+                    tokio::time::sleep(random_part(self.config.interval / 10)).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// One try: read every row, compute, write ours, lower, commit, raise.
+    async fn attempt(
+        &mut self,
+        client: &mut deadpool_postgres::Client,
+        demand: &Demand,
+        encoded: &[u8],
+    ) -> Result<Committed, TickError> {
+        let stale_after = self.config.lease_ttl() * STALE_LEASES;
+        let tx = lease::begin(client).await?;
+        let rows = lease::read(&tx, stale_after).await?;
+        let me = &self.config.replica_id;
+        let mut views = vec![ReplicaView {
+            demand: demand.clone(),
+            granted_rate: self.applied.0,
+        }];
+        views.extend(
+            rows.iter()
+                .filter(|r| r.live && &r.replica_id != me)
+                .map(|r| ReplicaView {
+                    demand: Demand::decode(&r.demand).unwrap_or_default(),
+                    granted_rate: r.granted_rate,
+                }),
+        );
+        let grant = allocate(&self.budget, &views, 0);
+        if rows.iter().any(|r| r.stale) {
+            lease::delete_stale(&tx, stale_after).await?;
+        }
+        let written = lease::write(
+            &tx,
+            &LeaseWrite {
+                replica_id: me,
+                epoch: self.epoch,
+                ttl: self.config.lease_ttl(),
+                granted_rate: grant.rate,
+                granted_burst: grant.burst,
+                demand: encoded,
+            },
+        )
+        .await?;
+        let Some(epoch) = written else {
+            self.epoch = None;
+            return Err(TickError::Lost(me.clone()));
+        };
+        // Lower before the commit: from here on the row may say less.
+        let lowered = (
+            grant.rate.min(self.applied.0),
+            grant.burst.min(self.applied.1),
+        );
+        self.apply(&grant, lowered);
+        tx.commit().await?;
+        // Raise after it: the row says at least as much from now on.
+        self.apply(&grant, (grant.rate, grant.burst));
+        Ok(Committed {
+            epoch,
+            grant,
+            replicas: views.len(),
+        })
+    }
+
+    /// Gives the bucket `rate` and `burst` with the grant's weights.
+    fn apply(&mut self, grant: &ReplicaGrant, (rate, burst): (f64, u32)) {
+        self.bucket.set_capacity(&Capacity {
+            rate,
+            burst,
+            default_weight: grant.default_weight,
+            weights: grant.weights.clone(),
+            closed_retry_after: self.config.interval,
+        });
+        self.applied = (rate, burst);
+    }
+
+    /// When the lease would lapse, by this replica's clock: a TTL after the
+    /// last committed transaction began, which is no later than the
+    /// database's expiry (its `now()` came after).
+    fn lapse(&self) -> Option<Instant> {
+        self.renewed_at.map(|at| at + self.config.lease_ttl())
+    }
+
+    fn status(&self) -> CoordinationStatus {
+        self.state.borrow().status
+    }
+
+    /// A failed interval: logged (once until the next success) and kept in
+    /// the state. The grant stays until the lease would lapse.
+    fn failed(&mut self, error: TickError) {
+        let previous = self.state.borrow().clone();
+        if let TickError::Lost(_) = error {
+            // Another process holds the row: neither may trust its grant.
+            tracing::error!(%error, "coordination: closing the bucket");
+            self.bucket
+                .set_capacity(&Capacity::closed(self.config.interval));
+            self.applied = (0.0, 0);
+            self.renewed_at = None;
+            self.state.send_replace(CoordinationState {
+                status: CoordinationStatus::NoGrant,
+                rate: 0.0,
+                burst: 0,
+                renewed_at: None,
+                last_error: Some(error.to_string()),
+                ..previous
+            });
+            return;
+        }
+        if previous.last_error.is_none() {
+            tracing::warn!(%error, status = ?previous.status, "coordination: transaction failed");
+        }
+        self.state.send_replace(CoordinationState {
+            last_error: Some(error.to_string()),
+            ..previous
+        });
+    }
+
+    /// The lease would have lapsed: the others no longer count this
+    /// replica, so it takes the global rate over the replicas it last saw.
+    fn fall_back(&mut self) {
+        let previous = self.state.borrow().clone();
+        let replicas = previous.replicas.max(1);
+        let rate = self.budget.rate / replicas as f64;
+        let burst = self.budget.burst / u32::try_from(replicas).unwrap_or(u32::MAX);
+        self.bucket.set_capacity(&Capacity {
+            rate,
+            burst,
+            closed_retry_after: self.config.interval,
+            ..Capacity::from_config(&self.budget)
+        });
+        self.applied = (rate, burst);
+        tracing::warn!(
+            rate,
+            burst,
+            replicas,
+            last_error = previous.last_error.as_deref().unwrap_or("none"),
+            "coordination: lease lapsed without renewal, falling back to the global rate over the replicas last seen"
+        );
+        self.state.send_replace(CoordinationState {
+            status: CoordinationStatus::Fallback,
+            rate,
+            burst,
+            ..previous
+        });
+    }
+
+    /// Deletes the row (best effort: if it fails, it lapses) and closes the
+    /// bucket.
+    async fn leave(&mut self) {
+        self.bucket
+            .set_capacity(&Capacity::closed(self.config.interval));
+        let Some(epoch) = self.epoch else { return };
+        let deleted = tokio::time::timeout(self.config.interval, async {
+            let client = self.pool.get().await.map_err(TickError::from)?;
+            Ok::<_, TickError>(lease::leave(&client, &self.config.replica_id, epoch).await?)
+        })
+        .await;
+        match deleted {
+            Ok(Ok(_)) => tracing::info!("coordination: left, lease row deleted"),
+            Ok(Err(error)) => tracing::warn!(%error, "coordination: leaving, the row will lapse"),
+            Err(_) => tracing::warn!("coordination: leaving timed out, the row will lapse"),
+        }
+    }
+}
+
+/// A random duration below `limit`.
+fn random_part(limit: Duration) -> Duration {
+    let nanos = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Duration::from_nanos(RandomState::new().hash_one(Instant::now()) % nanos)
+}

@@ -1,7 +1,7 @@
 -- The replicas' leases on the global retry budget (src/coord/lease.rs):
 -- one row per replica, renewed once per coordination interval. Plain SQL
 -- that PostgreSQL, CockroachDB and YugabyteDB all run; safe to apply twice.
-CREATE TABLE IF NOT EXISTS replica_leases (
+CREATE TABLE IF NOT EXISTS retry_budget_replica_leases (
     -- The replica's id (CoordinationConfig.replica_id): unique per process.
     replica_id    TEXT PRIMARY KEY,
     -- Bumped each time a process takes the row, so that a process whose

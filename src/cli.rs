@@ -26,6 +26,10 @@ pub const ENV_LISTEN: &str = "RETRY_BUDGET_LISTEN";
 pub const ENV_CONFIG: &str = "RETRY_BUDGET_CONFIG";
 /// Environment variable naming the PostgreSQL database.
 pub const ENV_POSTGRES_URL: &str = "RETRY_BUDGET_POSTGRES_URL";
+/// Environment variable naming this replica among those on one database.
+pub const ENV_REPLICA_ID: &str = "RETRY_BUDGET_REPLICA_ID";
+/// Environment variable setting the replicas' coordination interval.
+pub const ENV_COORDINATION_INTERVAL: &str = "RETRY_BUDGET_COORDINATION_INTERVAL";
 /// Environment variable naming the server the client commands talk to.
 pub const ENV_SERVER: &str = "RETRY_BUDGET_SERVER";
 
@@ -147,6 +151,15 @@ pub struct ServeArgs {
     /// [bucket.weights].
     #[arg(long = "tenant-weight", value_parser = parse_weight)]
     pub tenant_weights: Vec<(String, u32)>,
+    /// How often each replica on PostgreSQL renews its lease and takes its
+    /// part of the global rate and burst [coordination.interval].
+    #[arg(long, env = ENV_COORDINATION_INTERVAL, value_parser = humantime::parse_duration)]
+    pub coordination_interval: Option<Duration>,
+    /// This replica's id among those on one database; unique per process
+    /// (default: the host's name and the process id)
+    /// [coordination.replica_id].
+    #[arg(long, env = ENV_REPLICA_ID)]
+    pub replica_id: Option<String>,
     /// The longest delay a server's hint (Retry-After, pushback, RetryInfo)
     /// may ask for, whole seconds [hints.max_hint_seconds].
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -183,6 +196,7 @@ impl ServeArgs {
             policy,
             bucket,
             hints,
+            coordination,
             classification: _,
         } = config;
         set(&mut server.listen, &self.listen);
@@ -215,6 +229,10 @@ impl ServeArgs {
             &mut hints.max_hint_seconds,
             &self.max_hint.map(|d| d.as_secs()),
         );
+        set(&mut coordination.interval, &self.coordination_interval);
+        if self.replica_id.is_some() {
+            coordination.replica_id.clone_from(&self.replica_id);
+        }
         for (tenant, weight) in &self.tenant_weights {
             bucket.weights.insert(tenant.clone(), *weight);
         }

@@ -40,6 +40,10 @@
 //! [hints]
 //! max_hint_seconds = 600   # a server's Retry-After is capped at this
 //!
+//! [coordination]           # replicas on PostgreSQL share [bucket] through leases
+//! interval = "1s"          # one short transaction per replica per interval
+//! # replica_id = "retry-budget-0"  # default: the host's name and the process id
+//!
 //! [[classification.rules]] # tried before the defaults; first match wins
 //! name = "payments_409_transient"
 //! http_status = 409
@@ -60,6 +64,7 @@ use crate::bucket::BucketConfig;
 use crate::budget::activity::Policy;
 use crate::budget::classify::{RuleSet, RuleSpec};
 use crate::budget::codes;
+use crate::coord::CoordinationConfig;
 use crate::store::{PostgresOptions, RedbStoreOptions, RuntimeIdle};
 
 /// The service's whole configuration.
@@ -76,6 +81,9 @@ pub struct Config {
     pub bucket: BucketConfig,
     /// `[hints]`: how server hints are planned with.
     pub hints: HintsConfig,
+    /// `[coordination]`: how replicas on one PostgreSQL database share the
+    /// bucket's rate and burst (unused on the embedded store).
+    pub coordination: CoordinationConfig,
     /// `[classification]`: the operator's rules, tried before the defaults.
     #[serde(skip_serializing)]
     pub classification: ClassificationConfig,
@@ -399,6 +407,12 @@ impl Config {
             key: "bucket",
             message: e.to_string(),
         })?;
+        self.coordination
+            .validate()
+            .map_err(|e| ConfigError::Value {
+                key: "coordination",
+                message: e.to_string(),
+            })?;
         RuleSet::new(self.classification.rules.clone()).map_err(|e| ConfigError::Value {
             key: "classification.rules",
             message: e.to_string(),
@@ -418,7 +432,7 @@ impl Config {
 }
 
 /// Durations as people write them (`"2ms"`, `"1h 30m"`, `"7days"`).
-mod duration {
+pub(crate) mod duration {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

@@ -52,35 +52,37 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
 /// Intervals a lease lasts without renewal.
 pub const LEASE_INTERVALS: u32 = 3;
-/// Environment variable that names the replica when the configuration does
-/// not (a pod's name, in Kubernetes).
-pub const REPLICA_ID_ENV: &str = "HOSTNAME";
+/// Environment variable holding the host's name (a pod's name, in
+/// Kubernetes), the first part of a replica's default id.
+pub const HOSTNAME_ENV: &str = "HOSTNAME";
 
 /// The coordination's configuration (`[coordination]`).
 ///
 /// ```toml
 /// [coordination]
 /// interval = "1s"
-/// replica_id = "retry-budget-0"   # default: $HOSTNAME
+/// replica_id = "retry-budget-0"   # default: the host's name and the process id
 /// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoordinationConfig {
     /// How often each replica runs its transaction; leases last
     /// [`LEASE_INTERVALS`] of it. Default [`DEFAULT_INTERVAL`].
-    #[serde(with = "duration")]
+    #[serde(with = "crate::config::duration")]
     pub interval: Duration,
     /// This replica's id, unique among the replicas: two processes with one
-    /// id would each hold a grant under it. Default: [`REPLICA_ID_ENV`], or
-    /// one made of the process id and the start time.
-    pub replica_id: String,
+    /// id would each hold a grant under it. Default (`None`): the host's
+    /// name ([`HOSTNAME_ENV`], else the kernel's) and the process id, fixed
+    /// when the coordination starts ([`CoordinationConfig::resolved`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
 }
 
 impl Default for CoordinationConfig {
     fn default() -> Self {
         Self {
             interval: DEFAULT_INTERVAL,
-            replica_id: default_replica_id(),
+            replica_id: None,
         }
     }
 }
@@ -105,10 +107,25 @@ impl CoordinationConfig {
         if self.interval < MIN_INTERVAL {
             return Err(CoordinationConfigError::IntervalTooShort(self.interval));
         }
-        if !(1..=200).contains(&self.replica_id.len()) {
-            return Err(CoordinationConfigError::ReplicaId(self.replica_id.len()));
+        if let Some(id) = &self.replica_id
+            && !(1..=200).contains(&id.len())
+        {
+            return Err(CoordinationConfigError::ReplicaId(id.len()));
         }
         Ok(())
+    }
+
+    /// The configuration with its replica id filled in, if it had none.
+    pub fn resolved(mut self) -> Self {
+        if self.replica_id.is_none() {
+            self.replica_id = Some(default_replica_id());
+        }
+        self
+    }
+
+    /// This replica's id (empty before [`CoordinationConfig::resolved`]).
+    pub fn replica_id(&self) -> &str {
+        self.replica_id.as_deref().unwrap_or_default()
     }
 
     /// How long a lease lasts without renewal.
@@ -118,15 +135,15 @@ impl CoordinationConfig {
 }
 
 fn default_replica_id() -> String {
-    match std::env::var(REPLICA_ID_ENV) {
-        Ok(id) if !id.is_empty() && id.len() <= 200 => id,
-        _ => {
-            let started = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            format!("replica-{}-{}", std::process::id(), started.as_millis())
-        }
-    }
+    let host = std::env::var(HOSTNAME_ENV)
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "replica".to_owned());
+    let mut id = format!("{host}-{}", std::process::id());
+    id.truncate(200);
+    id
 }
 
 /// Where a replica's grant comes from.
@@ -224,6 +241,7 @@ impl Coordinator {
         config: CoordinationConfig,
     ) -> Result<Self, CoordinationConfigError> {
         config.validate()?;
+        let config = config.resolved();
         let (stop, stopped) = oneshot::channel();
         let (budget, budgets) = watch::channel(bucket_config);
         let (replica, state) = replica::Replica::new(pool, bucket.clone(), budgets, config);
@@ -273,23 +291,6 @@ impl Drop for Coordinator {
     }
 }
 
-/// Durations as people write them (`"1s"`, `"250ms"`), as in the rest of
-/// the configuration file.
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&humantime::format_duration(*value).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,7 +299,7 @@ mod tests {
     fn a_file_names_only_what_it_changes_and_bad_values_are_named() {
         let c: CoordinationConfig = toml::from_str("interval = \"250ms\"").unwrap();
         assert_eq!(c.interval, Duration::from_millis(250));
-        assert!(!c.replica_id.is_empty());
+        assert!(!c.clone().resolved().replica_id().is_empty());
         assert_eq!(c.lease_ttl(), Duration::from_millis(750));
         c.validate().unwrap();
         let short = CoordinationConfig {
@@ -313,7 +314,7 @@ mod tests {
                 .contains("at least")
         );
         let unnamed = CoordinationConfig {
-            replica_id: String::new(),
+            replica_id: Some(String::new()),
             ..c
         };
         assert!(unnamed.validate().is_err());

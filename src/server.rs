@@ -22,6 +22,7 @@ use crate::bucket::{BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::Defaults;
 use crate::budget::classify::{RuleError, RuleSet};
 use crate::config::Config;
+use crate::coord::{CoordinationConfigError, Coordinator};
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
@@ -29,6 +30,8 @@ use crate::store::{PgStore, RedbStore, Store, StoreError};
 
 mod incoming;
 mod watch;
+
+pub use watch::COORDINATION_HEALTH;
 
 /// The server failed to start or to serve.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,9 @@ pub enum ServerError {
     /// The bucket configuration is invalid.
     #[error(transparent)]
     Bucket(#[from] BucketConfigError),
+    /// The replicas' coordination is configured wrongly.
+    #[error(transparent)]
+    Coordination(#[from] CoordinationConfigError),
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -62,7 +68,8 @@ pub async fn run(
     if let Some(options) = config.store.postgres_options() {
         let store = PgStore::open(&options)?;
         let counted = store.clone();
-        let result = serve(listener, store, config, shutdown).await;
+        let pool = store.pool().clone();
+        let result = serve_with(listener, store, config, shutdown, Some(pool)).await;
         let [commits, saves, ..] = counted.commit_stats().snapshot();
         tracing::info!(commits, saves, "group commit totals");
         return result;
@@ -93,6 +100,18 @@ pub async fn serve<S: Store>(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    serve_with(listener, store, config, shutdown, None).await
+}
+
+/// [`serve`], the bucket's rate and burst shared with the other replicas
+/// on `coordination`'s database when given (see `coord`).
+async fn serve_with<S: Store>(
+    listener: TcpListener,
+    store: S,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    coordination: Option<deadpool_postgres::Pool>,
+) -> Result<(), ServerError> {
     let local = listener
         .local_addr()
         .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string());
@@ -104,6 +123,14 @@ pub async fn serve<S: Store>(
     let ledger = Arc::new(Ledger::new(store, defaults));
     let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
+    let replica = config.coordination.clone().resolved();
+    // Before the first request: a replica admits no retry until the
+    // database has given it a part of the global budget.
+    let coordinator = coordination
+        .map(|pool| {
+            Coordinator::start(pool, bucket.clone(), config.bucket.clone(), replica.clone())
+        })
+        .transpose()?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     // Serving only while the store answers: a replica whose database is
@@ -113,13 +140,16 @@ pub async fn serve<S: Store>(
         health.clone(),
     )
     .await;
+    let coordination_health = coordinator
+        .as_ref()
+        .map(|c| tokio::spawn(watch::coordination_health(c.state(), health.clone())));
 
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
     let sweeper = tokio::spawn(watch::sweep(
         Arc::clone(&ledger),
-        watch::replica_id(),
+        replica.replica_id().to_owned(),
         config.store.retention,
         config.store.sweep_interval,
     ));
@@ -161,6 +191,9 @@ pub async fn serve<S: Store>(
             result = &mut serving => {
                 stop_task(sweeper).await;
                 stop_task(store_health).await;
+                if let Some(task) = coordination_health {
+                    stop_task(task).await;
+                }
                 return result.map_err(Into::into);
             }
             () = shutdown => {}
@@ -169,6 +202,14 @@ pub async fn serve<S: Store>(
         tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
         draining.start();
         stop_task(store_health).await;
+        if let Some(task) = coordination_health {
+            stop_task(task).await;
+        }
+        // Its part of the global budget goes to the others at their next
+        // interval, not when its lease lapses.
+        if let Some(coordinator) = coordinator {
+            coordinator.leave().await;
+        }
         health
             .set_not_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
             .await;

@@ -24,6 +24,9 @@ use tonic_health::pb::health_client::HealthClient;
 
 const SERVICE: &str = "retrybudget.v1.RetryBudget";
 
+/// Short, so that shares move within a test's patience.
+const COORDINATION_INTERVAL: &str = "200ms";
+
 /// A global budget too large to defer anything: for the tests about where
 /// decisions go, not about the budget.
 const UNLIMITED: &[&str] = &["--retry-rate", "1000000", "--retry-burst", "1000000"];
@@ -39,9 +42,24 @@ struct Cluster {
 async fn cluster(label: &str, extra: &[&str]) -> Option<Cluster> {
     let db = TestDb::create(label).await?;
     let mut replicas = Vec::new();
+    let extra = [&["--coordination-interval", COORDINATION_INTERVAL], extra].concat();
     for _ in 0..3 {
-        replicas.push(Replica::spawn(&db.url, extra).await);
+        replicas.push(Replica::spawn(&db.url, &extra).await);
     }
+    for replica in &replicas {
+        common::coordinated(
+            Channel::from_shared(replica.url())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        )
+        .await;
+    }
+    // A replica takes only what the others leave: the first to start held
+    // the whole budget and gives back its excess at its next interval.
+    // Wait until the three hold even parts.
+    common::postgres::converged(&db.url, 3).await;
     let lb = Balancer::spawn([&replicas[0].addr, &replicas[1].addr, &replicas[2].addr]).await?;
     let cluster = Cluster { replicas, lb, db };
     // Every replica has answered through the balancer.
@@ -400,4 +418,170 @@ async fn postgres_stopped_for_a_few_seconds() {
         after_restart += 1;
     }
     assert!(after_restart > 0);
+}
+
+/// Admitted retries of one tenant: the times of its fresh
+/// `ACTION_SCHEDULE_RETRY` answers (a token taken, or a booked slot used).
+type Admitted = Arc<Mutex<Vec<Instant>>>;
+
+/// A worker of `tenant` over `client`: each activity's first failure asks
+/// for a retry; a deferral is asked again at its `not_before` (the server
+/// stamps `occurred_at`, so its clock is the one `not_before` is on).
+async fn demand(
+    mut client: RetryBudgetClient<Channel>,
+    tenant: &'static str,
+    worker: usize,
+    admitted: Admitted,
+    until: Instant,
+) {
+    let mut n = 0;
+    while Instant::now() < until {
+        let id = format!("{tenant}-{worker}-{n}");
+        loop {
+            let mut r = report(&id, 1, pb::ErrorClass::Transient);
+            r.policy = Some(pb::Policy {
+                max_attempts: 10,
+                deadline_seconds: 3600,
+                base: Some(0),
+                cap: Some(0),
+            });
+            let mut request = tonic::Request::new(r);
+            request
+                .metadata_mut()
+                .insert("x-tenant-id", tenant.parse().unwrap());
+            let Ok(answer) = client.next_action(request).await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let answer = answer.into_inner();
+            if answer.action == pb::Action::ScheduleRetry as i32 {
+                if !answer.replayed {
+                    admitted.lock().unwrap().push(Instant::now());
+                }
+                break;
+            }
+            assert_eq!(answer.action, pb::Action::Deferred as i32, "{answer:?}");
+            let at = answer.not_before.map_or(0, |t| common::ms(&t));
+            let wait = (at - retry_budget::clock::now_ms()).clamp(1, 5_000);
+            if Instant::now() + Duration::from_millis(wait as u64) > until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        }
+        n += 1;
+    }
+}
+
+/// The promise of one global budget, through the balancer: over 20 s of
+/// demand above the rate, the retries all replicas admitted stay within
+/// rate x T + burst (plus 1%) and use at least 90% of rate x T (startup
+/// included); a tenant pinned to one replica gets what a tenant spread
+/// over all three gets (within 15%); and when a replica is killed, its
+/// share moves to the others.
+#[tokio::test]
+async fn one_global_budget_shared_fairly_across_replicas() {
+    const RATE: f64 = 30.0;
+    const BURST: f64 = 10.0;
+    const SECONDS: u64 = 20;
+    let Some(mut cluster) = cluster(
+        "cluster_fairness",
+        &["--retry-rate", "30", "--retry-burst", "10"],
+    )
+    .await
+    else {
+        return;
+    };
+    let pinned: Admitted = Arc::default();
+    let spread: Admitted = Arc::default();
+    let started = Instant::now();
+    let until = started + Duration::from_secs(SECONDS);
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let direct = RetryBudgetClient::connect(cluster.replicas[0].url())
+            .await
+            .unwrap();
+        workers.push(tokio::spawn(demand(
+            direct,
+            "pinned",
+            w,
+            Arc::clone(&pinned),
+            until,
+        )));
+        workers.push(tokio::spawn(demand(
+            cluster.client().await,
+            "spread",
+            w,
+            Arc::clone(&spread),
+            until,
+        )));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let within = |times: &Admitted| {
+        let times = times.lock().unwrap();
+        times.iter().filter(|t| **t <= until).count() as f64
+    };
+    let (p, s) = (within(&pinned), within(&spread));
+    let total = p + s;
+    let budget = RATE * SECONDS as f64;
+    eprintln!(
+        "admitted in {SECONDS} s: {total} (pinned {p}, spread {s}); rate x T + burst = {}",
+        budget + BURST
+    );
+    assert!(total <= (budget + BURST) * 1.01, "{total} admitted");
+    assert!(
+        total >= 0.9 * budget,
+        "{total} admitted: under 90% of {budget}"
+    );
+    assert!(
+        (p - s).abs() <= 0.15 * p.max(s),
+        "pinned {p} and spread {s} differ by more than 15%"
+    );
+
+    // A replica killed: the others hold its share within a few intervals
+    // (its lease lapses after three, the others take what it held at their
+    // next transaction).
+    let interval = humantime::parse_duration(COORDINATION_INTERVAL).unwrap();
+    cluster.replicas[2].kill().await;
+    let killed = Instant::now();
+    let (client, connection) = tokio_postgres::connect(&cluster.db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The survivors see demand meanwhile.
+    let keep_asking = Instant::now() + 10 * interval;
+    let load = tokio::spawn(demand(
+        cluster.client().await,
+        "spread",
+        99,
+        Arc::default(),
+        keep_asking,
+    ));
+    loop {
+        let rows = client
+            .query(
+                "SELECT granted_rate FROM retry_budget_replica_leases WHERE expires_at > now()",
+                &[],
+            )
+            .await
+            .unwrap();
+        let held: f64 = rows.iter().map(|r| r.get::<_, f64>(0)).sum();
+        if rows.len() == 2 && held >= 0.95 * RATE {
+            break;
+        }
+        assert!(
+            killed.elapsed() < 10 * interval,
+            "after {:?} the survivors hold {held}/s of {RATE}/s",
+            killed.elapsed()
+        );
+        tokio::time::sleep(interval / 10).await;
+    }
+    let took = killed.elapsed();
+    eprintln!(
+        "a killed replica's share moved in {took:?} ({:.1} intervals)",
+        took.as_secs_f64() / interval.as_secs_f64()
+    );
+    assert!(took <= 5 * interval, "{took:?}");
+    load.abort();
 }

@@ -67,6 +67,7 @@ async fn the_migrate_command_copies_every_activity_once() {
     // and goes on from its attempt count.
     let url = db.url.clone();
     let pg = TestServer::start_with(|c| c.store.postgres_url = Some(url)).await;
+    common::coordinated(pg.channel().await).await;
     let mut client = pg.client().await;
     for i in 0..30u32 {
         let activity = get(&mut client, &format!("act-{i}")).await;

@@ -198,8 +198,19 @@ async fn two_servers_are_one_service() {
         return;
     };
     let url = db.url.clone();
-    let one = TestServer::start_with(|c| c.store.postgres_url = Some(url.clone())).await;
-    let two = TestServer::start_with(|c| c.store.postgres_url = Some(url.clone())).await;
+    // Two replicas in one process: each needs an id of its own (the
+    // default is the host's name and the process id).
+    let replica = |id: &'static str| {
+        let url = url.clone();
+        move |c: &mut retry_budget::config::Config| {
+            c.store.postgres_url = Some(url);
+            c.coordination.interval = Duration::from_millis(200);
+            c.coordination.replica_id = Some(id.into());
+        }
+    };
+    let one = TestServer::start_with(replica("one")).await;
+    let two = TestServer::start_with(replica("two")).await;
+    common::postgres::converged(&db.url, 2).await;
     let mut clients = [one.client().await, two.client().await];
     for attempt in 1..=4u32 {
         let on = &mut clients[(attempt % 2) as usize];

@@ -73,7 +73,7 @@ pub(super) async fn read(
         .query(
             "SELECT replica_id, granted_rate, demand, expires_at > now(), \
                     expires_at < now() - $1::BIGINT * INTERVAL '1 millisecond' \
-             FROM replica_leases",
+             FROM retry_budget_replica_leases",
             &[&millis(stale_after)],
         )
         .await?;
@@ -101,7 +101,7 @@ pub(super) async fn write(
     let renewed = match w.epoch {
         Some(epoch) => tx
             .query_opt(
-                "UPDATE replica_leases SET \
+                "UPDATE retry_budget_replica_leases SET \
                     expires_at = now() + $2::BIGINT * INTERVAL '1 millisecond', \
                     granted_rate = $3, granted_burst = $4, demand = $5 \
                  WHERE replica_id = $1 AND epoch = $6 \
@@ -120,7 +120,7 @@ pub(super) async fn write(
             .unwrap_or(Err(epoch)),
         None => tx
             .query_opt(
-                "INSERT INTO replica_leases AS l \
+                "INSERT INTO retry_budget_replica_leases AS l \
                     (replica_id, epoch, expires_at, granted_rate, granted_burst, demand) \
                  VALUES ($1, 1, now() + $2::BIGINT * INTERVAL '1 millisecond', $3, $4, $5) \
                  ON CONFLICT (replica_id) DO UPDATE SET \
@@ -140,7 +140,7 @@ pub(super) async fn write(
         // epoch holds it, nothing is written.
         Err(epoch) => {
             tx.query_opt(
-                "INSERT INTO replica_leases \
+                "INSERT INTO retry_budget_replica_leases \
                     (replica_id, epoch, expires_at, granted_rate, granted_burst, demand) \
                  VALUES ($1, $6::BIGINT + 1, now() + $2::BIGINT * INTERVAL '1 millisecond', $3, $4, $5) \
                  ON CONFLICT (replica_id) DO NOTHING \
@@ -167,7 +167,7 @@ pub(super) async fn delete_stale(
     stale_after: Duration,
 ) -> Result<u64, tokio_postgres::Error> {
     tx.execute(
-        "DELETE FROM replica_leases \
+        "DELETE FROM retry_budget_replica_leases \
          WHERE expires_at < now() - $1::BIGINT * INTERVAL '1 millisecond'",
         &[&millis(stale_after)],
     )
@@ -183,7 +183,7 @@ pub(super) async fn leave(
 ) -> Result<u64, tokio_postgres::Error> {
     client
         .execute(
-            "DELETE FROM replica_leases WHERE replica_id = $1 AND epoch = $2",
+            "DELETE FROM retry_budget_replica_leases WHERE replica_id = $1 AND epoch = $2",
             &[&replica_id, &epoch],
         )
         .await

@@ -205,14 +205,14 @@ impl Replica {
         let stale_after = self.config.lease_ttl() * STALE_LEASES;
         let tx = lease::begin(client).await?;
         let rows = lease::read(&tx, stale_after).await?;
-        let me = &self.config.replica_id;
+        let me = self.config.replica_id();
         let mut views = vec![ReplicaView {
             demand: demand.clone(),
             granted_rate: self.applied.0,
         }];
         views.extend(
             rows.iter()
-                .filter(|r| r.live && &r.replica_id != me)
+                .filter(|r| r.live && r.replica_id != me)
                 .map(|r| ReplicaView {
                     demand: Demand::decode(&r.demand).unwrap_or_default(),
                     granted_rate: r.granted_rate,
@@ -236,7 +236,7 @@ impl Replica {
         .await?;
         let Some(epoch) = written else {
             self.epoch = None;
-            return Err(TickError::Lost(me.clone()));
+            return Err(TickError::Lost(me.to_owned()));
         };
         // Lower before the commit: from here on the row may say less.
         let lowered = (
@@ -344,7 +344,7 @@ impl Replica {
         let Some(epoch) = self.epoch else { return };
         let deleted = tokio::time::timeout(self.config.interval, async {
             let client = self.pool.get().await.map_err(TickError::from)?;
-            Ok::<_, TickError>(lease::leave(&client, &self.config.replica_id, epoch).await?)
+            Ok::<_, TickError>(lease::leave(&client, self.config.replica_id(), epoch).await?)
         })
         .await;
         match deleted {

@@ -8,6 +8,7 @@ use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::coord::{CoordinationState, CoordinationStatus};
 use crate::ledger::Ledger;
 use crate::store::Store;
 
@@ -63,6 +64,39 @@ async fn set(health: &HealthReporter, serving: bool, service: &str) {
     health.set_service_status(service, status).await;
 }
 
+/// The health name that tells whether this replica holds a part of the
+/// global budget from the database: `SERVING` with a grant, `NOT_SERVING`
+/// with none yet (it admits no retry) or on its fallback share (its lease
+/// lapsed). The log says which, with the figures.
+pub const COORDINATION_HEALTH: &str = "retrybudget.v1.Coordination";
+
+/// Follows the coordination's state into health and the log.
+pub(super) async fn coordination_health(
+    mut state: tokio::sync::watch::Receiver<CoordinationState>,
+    health: HealthReporter,
+) {
+    let mut last = None;
+    loop {
+        let now = state.borrow_and_update().clone();
+        if last != Some(now.status) {
+            let serving = if now.status == CoordinationStatus::Granted {
+                tracing::info!(coordination = %now, "coordination");
+                ServingStatus::Serving
+            } else {
+                tracing::warn!(coordination = %now, "coordination");
+                ServingStatus::NotServing
+            };
+            health
+                .set_service_status(COORDINATION_HEALTH, serving)
+                .await;
+            last = Some(now.status);
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Purges expired activities every `interval`, when this replica holds the
 /// sweep's lease (always, on a store one process owns). The lease lasts two
 /// intervals, so another replica takes over when this one is gone.
@@ -91,16 +125,4 @@ pub(super) async fn sweep<S: Store>(
             Err(error) => tracing::warn!(%error, "retention sweep failed"),
         }
     }
-}
-
-/// This replica's name among those sharing a database: the host's name
-/// (a pod's name on Kubernetes) and the process id.
-pub(super) fn replica_id() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "replica".to_owned());
-    format!("{host}-{}", std::process::id())
 }

@@ -186,3 +186,29 @@ pub fn ts(ms: i64) -> prost_types::Timestamp {
 pub fn ms(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
 }
+
+/// Waits (at most 10 s) until the replica behind `channel` holds a part of
+/// the global budget from its database: before that it admits no retry.
+pub async fn coordinated(channel: Channel) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut health = HealthClient::new(channel);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = health
+            .check(HealthCheckRequest {
+                service: server::COORDINATION_HEALTH.into(),
+            })
+            .await
+            .map(|r| r.into_inner().status);
+        if status.as_ref().ok() == Some(&(ServingStatus::Serving as i32)) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no grant from the database: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

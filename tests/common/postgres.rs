@@ -110,3 +110,33 @@ impl Drop for TestDb {
         let _ = dropped.join();
     }
 }
+
+/// Waits (at most 20 s) until `replicas` replicas hold live leases of about
+/// equal, non-zero rates: a replica takes only what the others leave, so
+/// the first to start holds the whole budget until its next interval.
+pub async fn converged(url: &str, replicas: usize) {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let rates: Vec<f64> = client
+            .query(
+                "SELECT granted_rate FROM retry_budget_replica_leases WHERE expires_at > now()",
+                &[],
+            )
+            .await
+            .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+            .unwrap_or_default();
+        let (least, most) = rates
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(l, m), &r| (l.min(r), m.max(r)));
+        if rates.len() == replicas && least > 0.0 && least >= 0.9 * most {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "grants did not converge: {rates:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -54,7 +54,7 @@ fn replica(pool: Pool, id: &str) -> Replica {
         budget(),
         CoordinationConfig {
             interval: INTERVAL,
-            replica_id: id.to_owned(),
+            replica_id: Some(id.to_owned()),
         },
     )
     .expect("valid");
@@ -246,7 +246,7 @@ async fn a_replica_that_leaves_deletes_its_row_and_closes() {
     assert!(a.bucket.is_closed());
     let client = schema.pool(None).get().await.expect("a connection");
     let rows: Vec<String> = client
-        .query("SELECT replica_id FROM replica_leases", &[])
+        .query("SELECT replica_id FROM retry_budget_replica_leases", &[])
         .await
         .expect("read")
         .iter()
@@ -295,7 +295,7 @@ async fn a_row_deleted_is_taken_again_and_a_row_taken_by_another_epoch_closes_th
     let epoch = || async {
         client
             .query_opt(
-                "SELECT epoch FROM replica_leases WHERE replica_id = 'dup'",
+                "SELECT epoch FROM retry_budget_replica_leases WHERE replica_id = 'dup'",
                 &[],
             )
             .await
@@ -305,7 +305,7 @@ async fn a_row_deleted_is_taken_again_and_a_row_taken_by_another_epoch_closes_th
     assert_eq!(epoch().await, Some(1));
     // Deleted (as a stale row would be): taken again, the grant kept.
     client
-        .execute("DELETE FROM replica_leases", &[])
+        .execute("DELETE FROM retry_budget_replica_leases", &[])
         .await
         .expect("delete");
     sleep(INTERVAL * 2).await;
@@ -315,7 +315,7 @@ async fn a_row_deleted_is_taken_again_and_a_row_taken_by_another_epoch_closes_th
     // Taken by another process with the same id: the bucket closes, then
     // takes the row back at its next interval.
     client
-        .execute("UPDATE replica_leases SET epoch = 99", &[])
+        .execute("UPDATE retry_budget_replica_leases SET epoch = 99", &[])
         .await
         .expect("update");
     let mut watch = state.clone();

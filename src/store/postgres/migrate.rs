@@ -13,11 +13,18 @@ use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
 /// Every migration this build knows, in order: its version, a name, the SQL.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "activities",
-    include_str!("../../../migrations/0001_activities.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "activities",
+        include_str!("../../../migrations/0001_activities.sql"),
+    ),
+    (
+        2,
+        "replica_leases",
+        include_str!("../../../migrations/0002_replica_leases.sql"),
+    ),
+];
 
 /// The table that records which migrations ran.
 const LEDGER: &str = "CREATE TABLE IF NOT EXISTS retry_budget_schema_migrations (

@@ -126,10 +126,10 @@ const ServiceClient = proto.retrybudget.v1.RetryBudget;
  * Accepts a `Date` or an object that already has `seconds` (and `nanos`).
  * Throws a TypeError for anything else, an invalid Date included.
  */
-export function toTimestamp(value) {
+export function toTimestamp(value, where = 'toTimestamp') {
   if (value instanceof Date) {
     const ms = value.getTime();
-    if (!Number.isFinite(ms)) throw new TypeError('toTimestamp: invalid Date');
+    if (!Number.isFinite(ms)) throw new TypeError(`${where}: invalid Date`);
     // Floor, so that a time before 1970 keeps nanos in [0, 1e9).
     const seconds = Math.floor(ms / 1000);
     return { seconds, nanos: (ms - seconds * 1000) * 1_000_000 };
@@ -137,11 +137,11 @@ export function toTimestamp(value) {
   if (value !== null && typeof value === 'object' && 'seconds' in value) {
     const nanos = value.nanos ?? 0;
     if (!Number.isInteger(nanos) || nanos < 0 || nanos > 999_999_999) {
-      throw new RangeError(`toTimestamp: nanos must be an integer in [0, 999999999], got ${nanos}`);
+      throw new RangeError(`${where}: nanos must be an integer in [0, 999999999], got ${nanos}`);
     }
     return { seconds: value.seconds, nanos };
   }
-  throw new TypeError(`toTimestamp: expected a Date or {seconds, nanos}, got ${describe(value)}`);
+  throw new TypeError(`${where}: expected a Date or {seconds, nanos}, got ${describe(value)}`);
 }
 
 /**
@@ -248,7 +248,7 @@ function scalarValue(type, field, value) {
 function encodeField(field, value, name) {
   if (field.type === 'TYPE_MESSAGE') {
     const fullName = typeNameOf(field);
-    const message = fullName === TIMESTAMP ? toTimestamp(value) : value;
+    const message = fullName === TIMESTAMP ? toTimestamp(value, name) : value;
     return encodeMessage(fullName, message, name);
   }
   if (field.type === 'TYPE_ENUM') return enumValue(typeNameOf(field), name, value);
@@ -406,9 +406,10 @@ export class RetryBudgetClient {
 
   /**
    * Calls one RPC: checks and converts the request, sets the tenant and the
-   * deadline, and converts the response or the error.
+   * deadline, and converts the response or the error. Async, so a request
+   * refused by the checks rejects like a failed call instead of throwing.
    */
-  call(method, requestType, responseType, request, { deadlineMs } = {}) {
+  async call(method, requestType, responseType, request, { deadlineMs } = {}) {
     const message = encodeMessage(`${PACKAGE}.${requestType}`, request ?? {});
     const metadata = new grpc.Metadata();
     if (this.tenant) metadata.set(TENANT_HEADER, this.tenant);

@@ -61,11 +61,16 @@ export function classify(err) {
   return 'unknown';
 }
 
+// Node's timers fire after 1 ms when asked for more than 2^31 - 1 ms (about
+// 24.8 days), and a policy's cap may be longer: wait in steps below that.
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 async function sleepUntil(date, log) {
-  const wait = date.getTime() - Date.now();
-  if (wait > 0) {
-    log(`  sleeping ${(wait / 1000).toFixed(3)} s until not_before`);
-    await sleep(wait);
+  let wait = date.getTime() - Date.now();
+  if (wait > 0) log(`  sleeping ${(wait / 1000).toFixed(3)} s until not_before`);
+  while (wait > 0) {
+    await sleep(Math.min(wait, MAX_TIMER_MS));
+    wait = date.getTime() - Date.now();
   }
 }
 

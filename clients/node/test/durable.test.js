@@ -122,10 +122,12 @@ test('a Date given to the raw stub is sent as 1970: why toTimestamp exists', asy
   const id = fresh('trap');
   const metadata = new grpc.Metadata();
   metadata.set('x-tenant-id', tenant);
-  const request = { activity_id: id, attempt: 1, error_class: 'ERROR_CLASS_PERMANENT', occurred_at: new Date('2024-05-01T00:00:00Z') };
+  const request = { activity_id: id, attempt: 1, error_class: 'ERROR_CLASS_TRANSIENT', occurred_at: new Date('2024-05-01T00:00:00Z') };
   await new Promise((resolve, reject) => rb.stub.NextAction(request, metadata, (err) => (err ? reject(err) : resolve())));
   const act = await rb.getActivity({ activity_id: id });
   assert.equal(act.started_at.getTime(), 0, 'proto-loader found no seconds or nanos on the Date');
+  assert.equal(act.events[0].occurred_at_stamped, false, 'it was sent, as 1970, not left out');
+  assert.equal(act.events[0].not_before.getUTCFullYear(), 1970, 'so the retry is planned in 1970');
   // Through the client, the same Date arrives as itself.
   assert.deepEqual(toTimestamp(new Date('2024-05-01T00:00:00Z')), { seconds: 1714521600, nanos: 0 });
 });

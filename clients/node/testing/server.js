@@ -23,15 +23,25 @@ const START_TIMEOUT_MS = 30_000;
 const STOP_TIMEOUT_MS = 30_000;
 
 // Servers started and not yet exited: killed if the test process ends
-// without stopping them (a failed assertion in a hook, an uncaught error),
-// so no server (or its data dir) outlives its test file.
+// without stopping them (a failed assertion in a hook, an uncaught error,
+// Ctrl-C or the runner's SIGTERM), so no server (or its data dir) outlives
+// its test file. An orphaned server would keep running: it never reads the
+// pipe that would tell it its parent is gone.
 const running = new Map(); // process -> its temporary directory
-process.on('exit', () => {
+function killAll() {
   for (const [proc, workdir] of running) {
     proc.kill('SIGKILL');
     rmSync(workdir, { recursive: true, force: true });
   }
-});
+  running.clear();
+}
+process.on('exit', killAll);
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.once(signal, () => {
+    killAll();
+    process.kill(process.pid, signal); // die of the signal, as without this handler
+  });
+}
 
 /** The server binary the tests run. */
 export function binary() {

@@ -217,7 +217,8 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
     code = await runActivity(client, args.activityId, dependency, args.policy, log);
   } catch (err) {
     if (!(err instanceof RetryBudgetError)) throw err;
-    console.error(`retry-budget call failed: ${err.grpcStatus} ${err.details} (code ${err.stableCode})`);
+    const code = err.stableCode ? ` (code ${err.stableCode})` : '';
+    console.error(`retry-budget call failed: ${err.grpcStatus} ${err.details}${code}`);
     return 2;
   } finally {
     client.close();

@@ -4,12 +4,14 @@
 //! `CI=true`.
 
 mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::postgres::TestDb;
 use common::{TestServer, get, pb, report};
+use postgres::TestDb;
 use retry_budget::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions, Store, copy};
 use tokio::process::Command;
 

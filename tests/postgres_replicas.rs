@@ -4,12 +4,14 @@
 //! PostgreSQL, except under `CI=true` (see `common::postgres`).
 
 mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::postgres::TestDb;
 use common::{TestServer, pb, report, with_tenant};
+use postgres::TestDb;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{ActivityKey, Defaults, Plan, Policy, Report, plan};
 use retry_budget::ledger::{Ledger, Unlimited};
@@ -210,7 +212,7 @@ async fn two_servers_are_one_service() {
     };
     let one = TestServer::start_with(replica("one")).await;
     let two = TestServer::start_with(replica("two")).await;
-    common::postgres::converged(&db.url, 2).await;
+    postgres::converged(&db.url, 2).await;
     let mut clients = [one.client().await, two.client().await];
     for attempt in 1..=4u32 {
         let on = &mut clients[(attempt % 2) as usize];

@@ -3,12 +3,14 @@
 //! calls [`conformance`] with a way to open it.
 
 mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::postgres::TestDb;
+use postgres::TestDb;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,

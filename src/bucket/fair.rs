@@ -247,12 +247,14 @@ impl FairShares {
         }
     }
 
-    /// Hands each tenant's count of tokens asked for since the last call to
-    /// `each`, and resets the counts. Tenants that asked for nothing are
+    /// Hands each tenant's count of tokens asked for since the last call,
+    /// and of those held back (deferred or refused), to `each`, and resets
+    /// the counts. Tenants that asked for nothing are
     /// left out; an evicted tenant's count is lost with it (it was idle the
     /// longest, so it is small).
-    pub fn take_demand(&mut self, mut each: impl FnMut(&str, u64)) {
-        self.tenants.take_asked(|name, asked| each(name, asked));
+    pub fn take_demand(&mut self, mut each: impl FnMut(&str, u64, u64)) {
+        self.tenants
+            .take_asked(|name, asked, held_back| each(name, asked, held_back));
     }
 
     /// Takes a token for `tenant` now if its share or spare capacity allows,
@@ -275,7 +277,9 @@ impl FairShares {
                 Admission::Granted
             }
             Err(pending) => {
-                self.tenants.get_mut(pending.index).asked += 1;
+                let t = self.tenants.get_mut(pending.index);
+                t.asked += 1;
+                t.held_back += 1;
                 self.book(pending, now, nanos(max_wait))
             }
         }

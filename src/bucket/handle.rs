@@ -118,13 +118,15 @@ impl FairBucket {
     }
 
     /// Each tenant's count of tokens asked for since the last call, and
-    /// resets the counts ([`FairShares::take_demand`]). Allocates, under
-    /// the lock, one entry per tenant that asked: meant for a reader once
-    /// a second or so, not for the request path.
-    pub fn take_demand(&self) -> Vec<(String, u64)> {
+    /// whether any was held back (deferred or refused), and resets the
+    /// counts ([`FairShares::take_demand`]). Allocates, under the lock, one
+    /// entry per tenant that asked: meant for a reader once a second or
+    /// so, not for the request path.
+    pub fn take_demand(&self) -> Vec<(String, u64, bool)> {
         let mut demand = Vec::new();
-        self.lock()
-            .take_demand(|tenant, asked| demand.push((tenant.to_owned(), asked)));
+        self.lock().take_demand(|tenant, asked, held_back| {
+            demand.push((tenant.to_owned(), asked, held_back > 0));
+        });
         demand
     }
 

@@ -61,6 +61,9 @@ pub(super) struct Tenant {
     pub tokens: u64,
     /// Tokens asked for since the demand was last read (see `fair`).
     pub asked: u64,
+    /// Of those, the ones that could not be granted at once (deferred or
+    /// refused): the tenant wanted more than it got.
+    pub held_back: u64,
     /// Position in the backlog heap, or `NONE` when idle.
     heap_pos: u32,
     /// Previous entry in the idle list.
@@ -240,13 +243,14 @@ impl Tenants {
         }
     }
 
-    /// Hands each entry's `asked` count, when not 0, to `each`, and resets
-    /// it.
-    pub fn take_asked(&mut self, mut each: impl FnMut(&str, u64)) {
+    /// Hands each entry's `asked` and `held_back` counts, when it asked, to
+    /// `each`, and resets them.
+    pub fn take_asked(&mut self, mut each: impl FnMut(&str, u64, u64)) {
         for slot in &mut self.slots {
             if slot.asked > 0 {
-                each(&slot.name, slot.asked);
+                each(&slot.name, slot.asked, slot.held_back);
                 slot.asked = 0;
+                slot.held_back = 0;
             }
         }
     }
@@ -365,6 +369,7 @@ impl Tenant {
             refused_until: i64::MIN,
             tokens: 0,
             asked: 0,
+            held_back: 0,
             heap_pos: NONE,
             prev: NONE,
             next_idle: NONE,

@@ -10,7 +10,10 @@
 //!    total demand: claims asking less than their weighted share get what
 //!    they ask; the others share the rest by weight, each getting
 //!    `level * weight`. Where a tenant's traffic lands plays no part, so a
-//!    tenant pinned to one replica gets what one spread over all gets.
+//!    tenant pinned to one replica gets what one spread over all gets. A
+//!    tenant held back on any replica (a request deferred or refused) asks
+//!    for as much as it may get: its workers wait out their deferrals, so
+//!    what it asked is only what it was given.
 //! 3. Each claim's share is split over the replicas in proportion to its
 //!    demand there; the rate nobody asks for is split evenly, so that a
 //!    tenant new on any replica finds spare tokens at once. The replicas'
@@ -65,11 +68,28 @@ struct Claim {
     demand: Vec<(usize, f64)>,
     /// Its share of the global rate (filled by `water_fill`).
     share: f64,
+    /// Held back on some replica: it wants more than it asked.
+    saturated: bool,
 }
 
 impl Claim {
     fn total(&self) -> f64 {
         self.demand.iter().map(|(_, d)| d).sum()
+    }
+
+    /// The part of its share that goes to a replica where it asked `here`:
+    /// in proportion to what it asked there, or, when it was held back,
+    /// evenly over the replicas where it asked. A tenant held back asks a
+    /// replica that defers it only as fast as the replica grants (its
+    /// workers wait their turn), so proportions of what it asked would
+    /// starve it where it is held back; a balancer that spreads a tenant
+    /// spreads it evenly.
+    fn part(&self, here: f64) -> f64 {
+        if self.saturated {
+            self.share / self.demand.len() as f64
+        } else {
+            self.share * here / self.total()
+        }
     }
 }
 
@@ -119,7 +139,7 @@ pub fn allocate(config: &BucketConfig, replicas: &[ReplicaView], me: usize) -> R
     for (tenant, &i) in &split.named {
         let claim = &split.claims[i];
         if let Some(&(_, here)) = claim.demand.iter().find(|(r, _)| *r == me) {
-            rates.insert((*tenant).to_owned(), claim.share * here / claim.total());
+            rates.insert((*tenant).to_owned(), claim.part(here));
         }
     }
     let default_rate = per_weight * f64::from(config.default_weight);
@@ -147,10 +167,12 @@ fn split<'a>(config: &BucketConfig, replicas: &'a [ReplicaView]) -> Split<'a> {
                     weight: f64::from(config.weight_of(tenant)),
                     demand: Vec::new(),
                     share: 0.0,
+                    saturated: false,
                 });
                 claims.len() - 1
             });
             claims[i].demand.push((r, *rate));
+            claims[i].saturated |= view.demand.saturated.iter().any(|s| s == tenant);
         }
     }
     for (r, view) in replicas.iter().enumerate() {
@@ -160,6 +182,7 @@ fn split<'a>(config: &BucketConfig, replicas: &'a [ReplicaView]) -> Split<'a> {
                     * f64::from(view.demand.rest_tenants.max(1)),
                 demand: vec![(r, view.demand.rest_rate)],
                 share: 0.0,
+                saturated: false,
             });
         }
     }
@@ -167,9 +190,8 @@ fn split<'a>(config: &BucketConfig, replicas: &'a [ReplicaView]) -> Split<'a> {
     let mut targets = vec![0.0; replicas.len()];
     let mut given = 0.0;
     for c in &claims {
-        let total = c.total();
         for &(r, d) in &c.demand {
-            targets[r] += c.share * d / total;
+            targets[r] += c.part(d);
         }
         given += c.share;
     }
@@ -189,7 +211,14 @@ fn split<'a>(config: &BucketConfig, replicas: &'a [ReplicaView]) -> Split<'a> {
 /// rate per unit of weight of the claims held back, if any is.
 fn water_fill(rate: f64, claims: &mut [Claim]) -> Option<f64> {
     let mut order: Vec<usize> = (0..claims.len()).collect();
-    let ask = |c: &Claim| c.total() / c.weight;
+    // A tenant held back asks for as much as it may get.
+    let ask = |c: &Claim| {
+        if c.saturated {
+            f64::INFINITY
+        } else {
+            c.total() / c.weight
+        }
+    };
     order.sort_unstable_by(|&a, &b| ask(&claims[a]).total_cmp(&ask(&claims[b])));
     let mut left = rate;
     let mut weight: f64 = claims.iter().map(|c| c.weight).sum();

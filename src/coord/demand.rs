@@ -31,22 +31,35 @@ pub struct Demand {
     pub rest_rate: f64,
     /// How many tenants that sum is over.
     pub rest_tenants: u32,
+    /// The named tenants that were held back here (a request deferred or
+    /// refused): they want more than they get, whatever they asked. A
+    /// worker waits out a deferral before asking again, so what a tenant
+    /// held back asks is what it gets, not what it wants.
+    pub saturated: Vec<String>,
 }
 
 impl Demand {
-    /// The demand of `counts` (tokens asked per tenant) over `elapsed`,
-    /// keeping the `top` largest by name.
-    pub fn from_counts(mut counts: Vec<(String, u64)>, elapsed: Duration, top: usize) -> Self {
+    /// The demand of `counts` (tokens asked per tenant, and whether any was
+    /// held back) over `elapsed`, keeping the `top` largest by name.
+    pub fn from_counts(
+        mut counts: Vec<(String, u64, bool)>,
+        elapsed: Duration,
+        top: usize,
+    ) -> Self {
         let seconds = elapsed.as_secs_f64().max(1e-3);
         counts.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         let rest = counts.split_off(top.min(counts.len()));
+        let mut saturated: Vec<String> =
+            counts.iter().filter(|c| c.2).map(|c| c.0.clone()).collect();
+        saturated.sort_unstable();
         Self {
             tenants: counts
                 .into_iter()
-                .map(|(tenant, n)| (tenant, n as f64 / seconds))
+                .map(|(tenant, n, _)| (tenant, n as f64 / seconds))
                 .collect(),
-            rest_rate: rest.iter().map(|(_, n)| *n as f64).sum::<f64>() / seconds,
+            rest_rate: rest.iter().map(|c| c.1 as f64).sum::<f64>() / seconds,
             rest_tenants: u32::try_from(rest.len()).unwrap_or(u32::MAX),
+            saturated,
         }
     }
 
@@ -68,6 +81,7 @@ impl Demand {
                 .collect(),
             rest_rate: self.rest_rate,
             rest_tenants: self.rest_tenants,
+            saturated: self.saturated.clone(),
         }
         .encode_to_vec()
     }
@@ -85,6 +99,7 @@ impl Demand {
                 .collect(),
             rest_rate: record.rest_rate,
             rest_tenants: record.rest_tenants,
+            saturated: record.saturated,
         };
         (valid(demand.rest_rate) && demand.tenants.iter().all(|(_, r)| valid(*r))).then_some(demand)
     }
@@ -99,6 +114,8 @@ struct DemandRecord {
     rest_rate: f64,
     #[prost(uint32, tag = "3")]
     rest_tenants: u32,
+    #[prost(string, repeated, tag = "4")]
+    saturated: Vec<String>,
 }
 
 /// `retrybudget.coord.v1.TenantDemand`.
@@ -117,14 +134,15 @@ mod tests {
     #[test]
     fn the_largest_are_named_the_rest_summed_and_it_round_trips() {
         let counts = vec![
-            ("a".into(), 10),
-            ("b".into(), 30),
-            ("c".into(), 20),
-            ("d".into(), 2),
+            ("a".into(), 10, false),
+            ("b".into(), 30, true),
+            ("c".into(), 20, false),
+            ("d".into(), 2, true),
         ];
         let d = Demand::from_counts(counts, Duration::from_millis(500), 2);
         assert_eq!(d.tenants, [("b".into(), 60.0), ("c".into(), 40.0)]);
         assert_eq!((d.rest_rate, d.rest_tenants), (24.0, 2));
+        assert_eq!(d.saturated, ["b"], "named tenants only");
         assert_eq!(d.total(), 124.0);
         assert_eq!(Demand::decode(&d.encode()), Some(d));
         assert_eq!(Demand::decode(b"\xff\xff"), None);

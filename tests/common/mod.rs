@@ -2,8 +2,10 @@
 //! temporary data directory and a shutdown handle, and gRPC clients for it.
 #![allow(dead_code)]
 
-pub mod cluster;
-pub mod postgres;
+// The PostgreSQL and multi-process helpers (`postgres.rs`, `cluster.rs`)
+// are not declared here: the load generator's tests share this module and
+// have neither the database client nor the service binary. A test that
+// needs them declares them itself (`#[path = "common/postgres.rs"]`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

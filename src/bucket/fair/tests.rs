@@ -398,10 +398,10 @@ fn demand_counts_every_token_asked_for_once_and_is_reset_when_read() {
     b.set_capacity(&Capacity::closed(Duration::from_secs(1)), Duration::ZERO);
     b.admit("b", Duration::ZERO, Duration::MAX); // closed, still demand
     let mut demand = Vec::new();
-    b.take_demand(|t, n| demand.push((t.to_owned(), n)));
+    b.take_demand(|t, n, _| demand.push((t.to_owned(), n)));
     assert_eq!(demand, [("a".to_owned(), 3), ("b".to_owned(), 1)]);
     demand.clear();
-    b.take_demand(|t, n| demand.push((t.to_owned(), n)));
+    b.take_demand(|t, n, _| demand.push((t.to_owned(), n)));
     assert!(demand.is_empty());
 }
 

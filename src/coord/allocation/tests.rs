@@ -101,6 +101,7 @@ fn replicas_strategy() -> impl Strategy<Value = Vec<ReplicaView>> {
                     tenants: tenants.into_iter().collect(),
                     rest_rate: if rest_tenants > 0 { rest_rate } else { 0.0 },
                     rest_tenants,
+                    saturated: Vec::new(),
                 },
                 granted_rate,
             }
@@ -175,4 +176,44 @@ proptest! {
         prop_assert!((s["p"] - fair(pinned)).abs() < 1e-6);
         prop_assert!((s["s"] - fair(spread)).abs() < 1e-6);
     }
+}
+
+/// Workers wait out their deferrals, so a tenant held back asks only about
+/// what it gets: the pinned tenant, deferred on its one replica, asks less
+/// than the spread one, which finds spare tokens elsewhere. Both held
+/// back, both get half.
+#[test]
+fn a_tenant_held_back_claims_its_fair_share_whatever_it_asked() {
+    let config = BucketConfig {
+        rate: 30.0,
+        burst: 10,
+        ..BucketConfig::default()
+    };
+    let held_back = |mut v: ReplicaView, tenants: &[&str]| {
+        v.demand.saturated = tenants.iter().map(|t| (*t).to_owned()).collect();
+        v
+    };
+    let replicas = [
+        held_back(
+            view(&[("pinned", 6.0), ("spread", 3.0)], 10.0),
+            &["pinned", "spread"],
+        ),
+        view(&[("spread", 10.0)], 10.0),
+        view(&[("spread", 10.0)], 10.0),
+    ];
+    let grants: Vec<_> = (0..3).map(|me| allocate(&config, &replicas, me)).collect();
+    let targets: f64 = grants.iter().map(|g| g.target).sum();
+    assert!((targets - 30.0).abs() < 1e-9, "{targets}");
+    // The pinned tenant's half is all on the first replica; the spread
+    // tenant's half is split evenly, not by what it managed to ask.
+    assert!(
+        (grants[0].target - 20.0).abs() < 1e-9,
+        "{}",
+        grants[0].target
+    );
+    assert!(
+        (grants[1].target - 5.0).abs() < 1e-9,
+        "{}",
+        grants[1].target
+    );
 }

@@ -30,8 +30,8 @@ use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, plan,
 };
-use retry_budget::ledger::{Ledger, Unlimited};
-use retry_budget::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions};
+use retry_budget::ledger::{Ledger, LedgerError, Unlimited};
+use retry_budget::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions, StoreError};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
@@ -231,10 +231,17 @@ pub async fn offline(
                     occurred_at_ms: Some(now_ms),
                     workflow_id: "",
                 };
-                ledger
-                    .report(&key, &report, Unlimited, now_ms, false)
-                    .await
-                    .map_err(|e| format!("{}: {e}", key.activity_id))?;
+                // A store whose checkpoints fall behind refuses saves for a
+                // moment (on a machine busy with other work): wait as asked.
+                loop {
+                    match ledger.report(&key, &report, Unlimited, now_ms, false).await {
+                        Ok(_) => break,
+                        Err(LedgerError::Store(StoreError::Backlogged { retry_after })) => {
+                            tokio::time::sleep(retry_after).await;
+                        }
+                        Err(e) => return Err(format!("{}: {e}", key.activity_id)),
+                    }
+                }
             }
         });
     }

@@ -327,7 +327,7 @@ async fn stored_report(
         Ok(response) => check_durable(response.get_ref()),
         Err(status) => Err(code(status)),
     };
-    stored.release(claim, outcome.is_ok());
+    stored.release(claim, &outcome);
     outcome
 }
 

@@ -11,7 +11,8 @@
 //! An activity being reported is taken out of the draw until its answer
 //! comes (its slot holds 0), so two requests in flight never report the
 //! same attempt: every answer must be a fresh decision, as in the durable
-//! scenario. An activity whose report failed stays out (its state is
+//! scenario. An activity refused as unavailable goes back at the same
+//! attempt; one whose report failed otherwise stays out (its state is
 //! unknown), as does one that reached the policy's last attempt.
 
 use std::fs;
@@ -113,12 +114,19 @@ impl Stored {
     }
 
     /// Puts a claimed activity back: at its next attempt when the report
-    /// was decided, retired otherwise.
-    pub fn release(&self, claim: Claim, decided: bool) {
-        if decided {
-            self.next[claim.index].store(claim.attempt + 1, Ordering::Release);
-        } else {
-            self.retired.fetch_add(1, Ordering::Relaxed);
+    /// was decided, at the same one when the server refused it as
+    /// unavailable (nothing acknowledged: asking again is safe, and a
+    /// replay, should the refused save have landed, counts as an error),
+    /// retired otherwise.
+    pub fn release(&self, claim: Claim, outcome: &Result<(), String>) {
+        match outcome {
+            Ok(()) => self.next[claim.index].store(claim.attempt + 1, Ordering::Release),
+            Err(key) if key == "Unavailable" => {
+                self.next[claim.index].store(claim.attempt, Ordering::Release);
+            }
+            Err(_) => {
+                self.retired.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -189,12 +197,17 @@ mod tests {
         assert_eq!((a.attempt, b.attempt), (2, 2));
         assert!(stored.claim(&mut rng).is_none());
         let index = a.index;
-        stored.release(a, true);
+        stored.release(a, &Ok(()));
         let again = stored.claim(&mut rng).unwrap();
         assert_eq!((again.index, again.attempt), (index, 3));
-        // A failed report retires its activity.
-        stored.release(b, false);
-        stored.release(again, false);
+        // A refusal as unavailable puts it back at the same attempt; any
+        // other failure retires it.
+        let b_index = b.index;
+        stored.release(b, &Err("Unavailable".into()));
+        let b = stored.claim(&mut rng).unwrap();
+        assert_eq!((b.index, b.attempt), (b_index, 2));
+        stored.release(b, &Err("unexpected_replay".into()));
+        stored.release(again, &Err("Internal".into()));
         assert!(stored.claim(&mut rng).is_none());
     }
 
@@ -206,7 +219,7 @@ mod tests {
         let mut rng = Rng::new(1);
         let claim = stored.claim(&mut rng).unwrap();
         let index = claim.index;
-        stored.release(claim, true);
+        stored.release(claim, &Ok(()));
         stored.save().unwrap();
         let loaded = Stored::load(3, Some(&file)).unwrap();
         let attempts: Vec<u32> = loaded

@@ -48,9 +48,15 @@
 //!   returns, until all are written; each answer must be a scheduled retry,
 //!   not a replay. The write path at full speed with nothing preloaded
 //!   (`benches/rss.sh`). Counts the whole run; no warm-up or window.
+//! - `stored-next-action`: `NextAction` in its durable form over the
+//!   `--activities` preloaded activities: each request reports the next
+//!   attempt of one drawn uniformly among them, so reads hit old rows
+//!   (`--attempts-file` carries the attempts from one run to the next).
 //! - `preload`: reports first failures for `--activities` distinct
 //!   activities as fast as it can: over gRPC, or, with `--data-dir`, straight
-//!   into the store of a stopped server (much faster).
+//!   into the store of a stopped server (much faster), or, with
+//!   `--postgres-url`, the same records imported into PostgreSQL in large
+//!   batches.
 //! - `fsync`: writes and fsyncs 4 KiB `--fsyncs` times in `--data-dir` and
 //!   reports the latency, to set decisions against the disk they wait on;
 //!   then the same writes over the blocks the file has (as in a recycled
@@ -62,7 +68,8 @@
 //! - `drive`: the closed and open loops and what they count.
 //! - `writes`: many distinct activities written over gRPC (`new-activities`,
 //!   the online preload).
-//! - `preload`: activities stored before a run.
+//! - `preload`: activities stored before a run; `stored`: the attempts of
+//!   the stored-activities scenario.
 //! - `probe`: fsync latency and CPU time from `/proc`.
 #![forbid(unsafe_code)]
 
@@ -72,10 +79,12 @@ mod preload;
 mod probe;
 mod raw;
 mod scenario;
+mod stored;
 mod writes;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
@@ -84,6 +93,7 @@ use serde_json::{Value, json};
 
 use crate::raw::{Prepared, RawClient, RawConn};
 use crate::scenario::{Kind, TonicClients, Transport, VirtualClient};
+use crate::stored::Stored;
 
 /// mimalloc, as in the server: the generator allocates for every request;
 /// the system allocator took about 7% of its time in the open loop (perf),
@@ -132,9 +142,24 @@ struct Args {
     /// The tenant of durable reports (`x-tenant-id`).
     #[arg(long, default_value = "bench")]
     tenant: String,
-    /// Preload and new-activities: how many distinct activities to write.
+    /// Preload and new-activities: how many distinct activities to write;
+    /// stored-next-action: how many are stored.
     #[arg(long, default_value_t = 1000)]
     activities: u64,
+    /// Stored-next-action: where each activity's next attempt is kept from
+    /// one run to the next (created at the end of the first run).
+    #[arg(long)]
+    attempts_file: Option<PathBuf>,
+    /// Preload: the PostgreSQL database to import the activities into.
+    #[arg(long)]
+    postgres_url: Option<String>,
+    /// Preload into PostgreSQL: imports in flight at once, each a
+    /// transaction on its own connection.
+    #[arg(long, default_value_t = 2)]
+    import_connections: usize,
+    /// Preload into PostgreSQL: activities an import carries.
+    #[arg(long, default_value_t = 5000)]
+    import_batch: usize,
     /// Preload: the data directory of a stopped server, to write its store
     /// directly; fsync: the directory whose disk to measure.
     #[arg(long)]
@@ -164,6 +189,7 @@ enum Scenario {
     RetryDelay,
     PureNextAction,
     DurableNextAction,
+    StoredNextAction,
     NewActivities,
     Preload,
     Fsync,
@@ -250,6 +276,9 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
             if let Some(dir) = &args.data_dir {
                 return preload::offline(dir, args.activities, &args.tenant).await;
             }
+            if let Some(url) = &args.postgres_url {
+                return preload::postgres(url, args).await;
+            }
             let channels = connect(args).await?;
             return Ok(preload::online(&channels, args).await);
         }
@@ -260,18 +289,33 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
         Scenario::DurableNextAction => Kind::Durable {
             attempts: args.attempts,
         },
+        Scenario::StoredNextAction => Kind::Stored,
     };
     if args.concurrency == 0 || args.connections == 0 {
         return Err(LoadgenError::Invalid(
             "--concurrency and --connections must be at least 1".into(),
         ));
     }
+    let stored = if kind == Kind::Stored {
+        Some(Arc::new(Stored::load(
+            args.activities,
+            args.attempts_file.as_deref(),
+        )?))
+    } else {
+        None
+    };
     let transports = transports(args, kind).await?;
+    let seed = u64::try_from(unix_millis()).unwrap_or(0);
     let clients: Vec<VirtualClient> = transports
         .into_iter()
         .enumerate()
         .map(|(i, transport)| {
-            VirtualClient::new(kind, transport, &args.tenant, &format!("b{run_id}-{i}-"))
+            let client =
+                VirtualClient::new(kind, transport, &args.tenant, &format!("b{run_id}-{i}-"));
+            match &stored {
+                Some(stored) => client.with_stored(Arc::clone(stored), seed.wrapping_add(i as u64)),
+                None => client,
+            }
         })
         .collect();
     let timing = drive::Timing {
@@ -311,6 +355,10 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
     report["duration_s"] = json!(args.duration.as_secs_f64());
     if let Kind::Durable { attempts } = kind {
         report["attempts_per_activity"] = json!(attempts);
+    }
+    if let Some(stored) = &stored {
+        stored.save()?;
+        stored.write_into(&mut report);
     }
     tally.write_into(&mut report);
     Ok(report)

@@ -1,9 +1,11 @@
 //! What one request of each scenario is, and what counts as its success.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::conn::Conn;
 use crate::raw::RawClient;
+use crate::stored::{Rng, Stored};
 use prost_types::Timestamp;
 use retry_budget::grpc::TENANT_HEADER;
 use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
@@ -56,6 +58,9 @@ pub enum Kind {
         /// Attempts each activity is walked through.
         attempts: u32,
     },
+    /// `NextAction` in its durable form: the next attempt of a uniformly
+    /// random activity among those already stored ([`crate::stored`]).
+    Stored,
 }
 
 /// The health scenario's request: the server's overall status.
@@ -170,6 +175,8 @@ pub struct VirtualClient {
     transport: Transport,
     tenant: MetadataValue<tonic::metadata::Ascii>,
     walk: Walk,
+    /// The stored activities, for [`Kind::Stored`], and this client's draw.
+    stored: Option<(Arc<Stored>, Rng)>,
 }
 
 /// How a virtual client sends: tonic's generated clients, or the same
@@ -210,7 +217,16 @@ impl VirtualClient {
                 attempt: 1,
                 occurred_at: now(),
             },
+            stored: None,
         }
+    }
+
+    /// Reports over `stored` activities ([`Kind::Stored`]), drawn with a
+    /// generator seeded by `seed`.
+    #[must_use]
+    pub fn with_stored(mut self, stored: Arc<Stored>, seed: u64) -> Self {
+        self.stored = Some((stored, Rng::new(seed)));
+        self
     }
 
     /// Sends one request and checks the answer.
@@ -246,6 +262,12 @@ impl VirtualClient {
             }
             Kind::Durable { attempts } => {
                 durable(&mut tonic.budget, &self.tenant, &mut self.walk, attempts).await
+            }
+            Kind::Stored => {
+                let Some((stored, rng)) = &mut self.stored else {
+                    return Err("no_stored_activities".into());
+                };
+                stored_report(&mut tonic.budget, &self.tenant, stored, rng).await
             }
         }
     }
@@ -283,6 +305,30 @@ async fn durable(
         walk.occurred_at = answer.not_before.unwrap_or_else(now);
     }
     Ok(())
+}
+
+/// Reports the next failure of a random stored activity.
+async fn stored_report(
+    budget: &mut RetryBudgetClient<Conn>,
+    tenant: &MetadataValue<tonic::metadata::Ascii>,
+    stored: &Stored,
+    rng: &mut Rng,
+) -> Result<(), String> {
+    let claim = stored
+        .claim(rng)
+        .ok_or_else(|| "no_free_activity".to_owned())?;
+    let mut request = Request::new(durable_report(
+        crate::preload::activity_id(claim.index as u64),
+        claim.attempt,
+        now(),
+    ));
+    request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
+    let outcome = match budget.next_action(request).await {
+        Ok(response) => check_durable(response.get_ref()),
+        Err(status) => Err(code(status)),
+    };
+    stored.release(claim, &outcome);
+    outcome
 }
 
 /// The name of a failed call's gRPC code, as an error key.

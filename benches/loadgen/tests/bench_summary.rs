@@ -5,8 +5,9 @@
 //! their simulated cache misses (`benches/callgrind_summary.py`), the
 //! allocations a request from two DHAT profiles (`benches/dhat_summary.py`),
 //! the table of every target across runs (`benches/across.py`), the host's
-//! stalls in a window from cyclictest (`benches/host_stalls.py`) and the
-//! durable targets' ratios on a slower disk (`benches/slow_disk.py`). Their Python
+//! stalls in a window from cyclictest (`benches/host_stalls.py`), the
+//! durable targets' ratios on a slower disk (`benches/slow_disk.py`) and the
+//! PostgreSQL targets' ratios and CPU a decision (`benches/pg_summary.py`). Their Python
 //! tests run here so that `cargo test --workspace` runs every test of the
 //! project.
 //! Without `python3` each test says it was skipped, and fails under
@@ -75,4 +76,9 @@ fn host_stalls_from_cyclictest() {
 #[test]
 fn durable_ratios_on_a_slower_disk() {
     python_tests("test_slow_disk.py");
+}
+
+#[test]
+fn postgres_ratios_and_cpu_split() {
+    python_tests("test_pg_summary.py");
 }

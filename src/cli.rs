@@ -30,6 +30,8 @@ pub const ENV_POSTGRES_URL: &str = "RETRY_BUDGET_POSTGRES_URL";
 pub const ENV_REPLICA_ID: &str = "RETRY_BUDGET_REPLICA_ID";
 /// Environment variable setting the replicas' coordination interval.
 pub const ENV_COORDINATION_INTERVAL: &str = "RETRY_BUDGET_COORDINATION_INTERVAL";
+/// Environment variable naming the metrics' address.
+pub const ENV_METRICS_LISTEN: &str = "RETRY_BUDGET_METRICS_LISTEN";
 /// Environment variable naming the server the client commands talk to.
 pub const ENV_SERVER: &str = "RETRY_BUDGET_SERVER";
 
@@ -160,6 +162,14 @@ pub struct ServeArgs {
     /// [coordination.replica_id].
     #[arg(long, env = ENV_REPLICA_ID)]
     pub replica_id: Option<String>,
+    /// Serve Prometheus metrics on `/metrics` at this address
+    /// [metrics.listen].
+    #[arg(long, env = ENV_METRICS_LISTEN)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// How many of the busiest tenants per-tenant metrics name
+    /// [metrics.top_tenants].
+    #[arg(long)]
+    pub metrics_top_tenants: Option<usize>,
     /// The longest delay a server's hint (Retry-After, pushback, RetryInfo)
     /// may ask for, whole seconds [hints.max_hint_seconds].
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -197,6 +207,7 @@ impl ServeArgs {
             bucket,
             hints,
             coordination,
+            metrics,
             classification: _,
         } = config;
         set(&mut server.listen, &self.listen);
@@ -229,6 +240,10 @@ impl ServeArgs {
             &mut hints.max_hint_seconds,
             &self.max_hint.map(|d| d.as_secs()),
         );
+        if self.metrics_listen.is_some() {
+            metrics.listen = self.metrics_listen;
+        }
+        set(&mut metrics.top_tenants, &self.metrics_top_tenants);
         set(&mut coordination.interval, &self.coordination_interval);
         if self.replica_id.is_some() {
             coordination.replica_id.clone_from(&self.replica_id);

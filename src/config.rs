@@ -40,6 +40,10 @@
 //! [hints]
 //! max_hint_seconds = 600   # a server's Retry-After is capped at this
 //!
+//! [metrics]
+//! listen = "127.0.0.1:9464" # Prometheus text on /metrics (default: off)
+//! top_tenants = 20         # the busiest tenants by name, the rest as "other"
+//!
 //! [coordination]           # replicas on PostgreSQL share [bucket] through leases
 //! interval = "1s"          # one short transaction per replica per interval
 //! # replica_id = "retry-budget-0"  # default: the host's name and the process id
@@ -84,6 +88,8 @@ pub struct Config {
     /// `[coordination]`: how replicas on one PostgreSQL database share the
     /// bucket's rate and burst (unused on the embedded store).
     pub coordination: CoordinationConfig,
+    /// `[metrics]`: Prometheus metrics, off unless `listen` is set.
+    pub metrics: MetricsConfig,
     /// `[classification]`: the operator's rules, tried before the defaults.
     #[serde(skip_serializing)]
     pub classification: ClassificationConfig,
@@ -249,6 +255,28 @@ fn redacted_url<S: serde::Serializer>(url: &Option<String>, out: S) -> Result<S:
     out.serialize_some(&hidden)
 }
 
+/// `[metrics]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served over HTTP; unset (the default): no
+    /// metrics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// How many of the busiest tenants are named in per-tenant metrics;
+    /// the others are summed as `other`.
+    pub top_tenants: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            top_tenants: 20,
+        }
+    }
+}
+
 /// `[policy]`: what an activity gets when its first report names no policy
 /// (or leaves a field at 0).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -407,6 +435,9 @@ impl Config {
             key: "bucket",
             message: e.to_string(),
         })?;
+        if self.metrics.top_tenants > 1000 {
+            return Err(value("metrics.top_tenants", "must be at most 1000"));
+        }
         self.coordination
             .validate()
             .map_err(|e| ConfigError::Value {

@@ -14,6 +14,8 @@
 //! - [`store`]: where activities live, behind one [`store::Store`] trait.
 //! - [`grpc`]: the `retrybudget.v1` edge: protobuf types, conversions and
 //!   the one place errors become `tonic::Status`.
+//! - [`metrics`]: Prometheus metrics: the RPC layer, decisions, and what
+//!   the bucket, the store and the coordination count, read at scrape.
 //! - [`server`]: the wiring: store, services, health, reflection, shutdown.
 //! - [`cli`]: the command line, for people without grpcurl.
 #![forbid(unsafe_code)]
@@ -26,5 +28,6 @@ pub mod config;
 pub mod coord;
 pub mod grpc;
 pub mod ledger;
+pub mod metrics;
 pub mod server;
 pub mod store;

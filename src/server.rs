@@ -26,7 +26,9 @@ use crate::coord::{CoordinationConfigError, Coordinator};
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
-use crate::store::{PgStore, RedbStore, Store, StoreError};
+use crate::metrics::{Metrics, RpcMetricsLayer, Sources};
+use crate::store::{CommitStats, PgStore, RedbStore, Store, StoreError};
+use sha2::Digest;
 
 mod incoming;
 mod watch;
@@ -51,6 +53,9 @@ pub enum ServerError {
     /// The replicas' coordination is configured wrongly.
     #[error(transparent)]
     Coordination(#[from] CoordinationConfigError),
+    /// The metrics' address could not be bound.
+    #[error("metrics: cannot listen on {0}: {1}")]
+    Metrics(SocketAddr, #[source] std::io::Error),
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -154,14 +159,33 @@ async fn serve_with<S: Store>(
         config.store.sweep_interval,
     ));
 
+    let stop = CancellationToken::new();
+    let metrics = match config.metrics.listen {
+        Some(addr) => Some(
+            start_metrics(
+                addr,
+                &config,
+                &ledger,
+                &bucket,
+                coordinator.as_ref(),
+                stop.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let rpc_metrics = metrics
+        .as_ref()
+        .map_or_else(RpcMetricsLayer::off, Metrics::rpc_layer);
     let service = RetryBudgetService::new(
         Arc::clone(&ledger),
         draining.clone(),
         Some(bucket.clone()),
         rules,
-    );
-    let stop = CancellationToken::new();
+    )
+    .with_metrics(metrics);
     let router = Server::builder()
+        .layer(rpc_metrics)
         .layer(RetryTokenLayer::new(bucket))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -239,6 +263,46 @@ async fn serve_with<S: Store>(
     drop(serving);
     wait_released(&released, config.server.grace_period).await;
     result
+}
+
+/// Binds `addr` and serves the metrics there until `stop`: the bucket's,
+/// the store's and the coordination's figures read at each scrape, and
+/// each group commit observed as it happens.
+async fn start_metrics<S: Store>(
+    addr: SocketAddr,
+    config: &Config,
+    ledger: &Arc<Ledger<S>>,
+    bucket: &FairBucket,
+    coordinator: Option<&Coordinator>,
+    stop: CancellationToken,
+) -> Result<Metrics, ServerError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServerError::Metrics(addr, e))?;
+    // Weak: the metrics must not keep the store open after the server.
+    let weak = Arc::downgrade(ledger);
+    let sources = Sources {
+        bucket: Some(bucket.clone()),
+        commits: Box::new(move || {
+            weak.upgrade()
+                .and_then(|l| l.store().commit_stats().map(CommitStats::snapshot))
+        }),
+        coordination: coordinator.map(Coordinator::state),
+    };
+    let toml = config.to_toml().unwrap_or_default();
+    let hash = sha2::Sha256::digest(toml.as_bytes());
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    let metrics = Metrics::new(&hex, sources, config.metrics.top_tenants);
+    if let Some(stats) = ledger.store().commit_stats() {
+        let observer = metrics.clone();
+        stats.observe(Box::new(move |saves, took| {
+            observer.commit(saves, took.as_secs_f64());
+        }));
+    }
+    let served = listener.local_addr().map_or(addr, |a| a);
+    tracing::info!(addr = %served, "metrics on /metrics");
+    tokio::spawn(crate::metrics::serve(listener, metrics.clone(), stop));
+    Ok(metrics)
 }
 
 /// Waits, at most `bound`, until nothing holds the ledger any more: a

@@ -22,7 +22,7 @@ mod redb;
 pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
 #[doc(hidden)]
 pub use self::redb::CheckpointFault;
-pub use self::redb::{CommitStats, RedbStore, RedbStoreOptions, RuntimeIdle};
+pub use self::redb::{CommitObserver, CommitStats, RedbStore, RedbStoreOptions, RuntimeIdle};
 
 use std::error::Error;
 use std::future::Future;
@@ -179,6 +179,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many activities the store holds.
     fn count(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The store's group-commit counters, when it has them (for metrics).
+    fn commit_stats(&self) -> Option<&CommitStats> {
+        None
+    }
 
     /// Whether the store answers now, for health. The default, for a store
     /// in the process, always does.

@@ -238,6 +238,11 @@ impl FairShares {
         self.closed.is_some()
     }
 
+    /// The capacity in force (see [`FairShares::set_capacity`]).
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+
     /// The refill rate in force, tokens a second (0 when closed).
     pub fn rate(&self) -> f64 {
         if self.closed.is_some() {

@@ -112,6 +112,11 @@ impl FairBucket {
         self.lock().is_closed()
     }
 
+    /// The burst in force, tokens.
+    pub fn burst(&self) -> u32 {
+        self.lock().capacity().burst
+    }
+
     /// The refill rate in force, tokens a second (0 when closed).
     pub fn rate(&self) -> f64 {
         self.lock().rate()

@@ -129,3 +129,60 @@ pub const STORE_BACKLOGGED: &str = "store_backlogged";
 /// times in a row than the ledger tries again: nothing was acknowledged,
 /// and asking again is safe.
 pub const STORE_CONFLICT: &str = "store_conflict";
+
+/// Every stable code, the decisions' first (the most frequent first), so
+/// that [`intern`] finds the common ones at once.
+pub const ALL: &[&str] = &[
+    SCHEDULE_RETRY,
+    ATTEMPTS_EXHAUSTED,
+    DEADLINE_EXCEEDED,
+    FAIL_PERMANENT,
+    MANUAL_REVIEW,
+    DEFERRED,
+    SUCCEEDED,
+    RESOLVED_FAILED,
+    RESOLVED_RETRY,
+    TENANT_SHARE_EXHAUSTED,
+    GLOBAL_CAPACITY_EXHAUSTED,
+    TENANT_BACKLOG_FULL,
+    RESERVATION_PAST_MAX_WAIT,
+    ATTEMPT_MUST_BE_POSITIVE,
+    UNKNOWN_ERROR_CLASS,
+    EMPTY_ACTIVITY_ID,
+    ACTIVITY_ID_TOO_LONG,
+    ACTIVITY_ID_CONTROL_CHARACTER,
+    INVALID_TENANT,
+    INVALID_WORKFLOW_ID,
+    INVALID_TIMESTAMP,
+    OCCURRED_BEFORE_START,
+    UNKNOWN_RESOLUTION,
+    ATTEMPT_OUT_OF_ORDER,
+    ACTIVITY_CLOSED,
+    ACTIVITY_PARKED,
+    ACTIVITY_NOT_PARKED,
+    ACTIVITY_NOT_FOUND,
+    SOURCE_RETRY_AFTER_SECONDS,
+    SOURCE_RETRY_AFTER_DATE,
+    SOURCE_GRPC_RETRY_PUSHBACK,
+    SOURCE_RETRY_INFO,
+    RETRY_AFTER_INVALID,
+    DATE_INVALID,
+    RETRY_INFO_INVALID,
+    GRPC_PUSHBACK_DO_NOT_RETRY,
+    SHUTTING_DOWN,
+    INTERNAL,
+    CONFIG_UNREADABLE,
+    CONFIG_INVALID,
+    STORE_UNAVAILABLE,
+    STORE_CORRUPT,
+    STORE_CLOSED,
+    STORE_BACKLOGGED,
+    STORE_CONFLICT,
+];
+
+/// The code equal to `code` as a `&'static str` (for metric labels, which
+/// must not allocate on the request path), or `"other"` for a text that is
+/// not a stable code.
+pub fn intern(code: &str) -> &'static str {
+    ALL.iter().find(|c| **c == code).copied().unwrap_or("other")
+}

@@ -1,6 +1,7 @@
 //! Conversions between protobuf messages and core types, with the input
 //! checks that belong to the wire (enum values, timestamps, metadata).
 
+use crate::metrics::DecisionLabels;
 use prost_types::Timestamp;
 use tonic::metadata::MetadataMap;
 
@@ -260,6 +261,23 @@ impl From<Decided> for pb::NextActionResponse {
             class_conflict: d.class_conflict,
             ..Self::from(std::sync::Arc::unwrap_or_clone(d.event))
         }
+    }
+}
+
+/// What a `NextAction` answer says, for the metrics.
+pub(super) fn decision_labels(response: &pb::NextActionResponse) -> DecisionLabels<'_> {
+    fn non_empty(s: &str) -> Option<&str> {
+        (!s.is_empty()).then_some(s)
+    }
+    DecisionLabels {
+        action: pb::Action::try_from(response.action)
+            .map_or("ACTION_UNSPECIFIED", |a| a.as_str_name()),
+        code: &response.code,
+        defer_reason: non_empty(&response.defer_reason),
+        would_defer: None,
+        replayed: response.replayed,
+        policy_conflict: response.policy_conflict,
+        class_conflict: response.class_conflict,
     }
 }
 

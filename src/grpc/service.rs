@@ -21,6 +21,7 @@ use crate::budget::decision::{Failure, PureReport, decide_pure};
 use crate::budget::{Budget, DelayParams, ErrorClass, retry_delay};
 use crate::clock::now_ms;
 use crate::ledger::{Decided, Ledger, SuccessOutcome};
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// Set when the server starts draining: new calls are refused with
@@ -53,6 +54,8 @@ pub struct RetryBudgetService<S> {
     /// The classification rules: the operator's overrides, then the
     /// defaults.
     rules: Arc<RuleSet>,
+    /// Where decisions are counted, when metrics are on.
+    metrics: Option<Metrics>,
 }
 
 impl<S> RetryBudgetService<S> {
@@ -69,7 +72,30 @@ impl<S> RetryBudgetService<S> {
             draining,
             bucket,
             rules,
+            metrics: None,
         }
+    }
+
+    /// Counts every `NextAction` answer in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Counts an answer, when metrics are on.
+    fn observe(&self, response: &pb::NextActionResponse) {
+        if let Some(metrics) = &self.metrics {
+            metrics.decision(&convert::decision_labels(response));
+        }
+    }
+
+    /// The response to a decision of the ledger, counted.
+    fn answer(&self, decided: Decided, dry_run: bool) -> Response<pb::NextActionResponse> {
+        let mut response = pb::NextActionResponse::from(decided);
+        response.dry_run = dry_run;
+        self.observe(&response);
+        Response::new(response)
     }
 }
 
@@ -153,6 +179,7 @@ impl<S: Store> RetryBudgetService<S> {
         let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now_ms())?;
         let mut response = pb::NextActionResponse::from(event);
         response.dry_run = req.dry_run;
+        self.observe(&response);
         Ok(response)
     }
 
@@ -188,15 +215,15 @@ impl<S: Store> RetryBudgetService<S> {
                     .ledger
                     .report(&key, &report, slot.as_ref(), now_ms(), dry_run)
                     .await?;
-                Ok(answer(decided, dry_run))
+                Ok(self.answer(decided, dry_run))
             }));
         };
         match self.ledger.save(unsaved?).now() {
-            Ok(decided) => Ok(Box::pin(ready(Ok(answer(decided, dry_run))))),
+            Ok(decided) => Ok(Box::pin(ready(Ok(self.answer(decided, dry_run))))),
             Err(saving) => Ok(Box::pin(
                 saving
                     .durable()
-                    .map(move |decided| Ok(answer(decided?, dry_run))),
+                    .map(move |decided| Ok(self.answer(decided?, dry_run))),
             )),
         }
     }
@@ -228,13 +255,6 @@ impl<S: Store> RetryBudgetService<S> {
 /// `async_trait` (see `next_action`).
 type Answer<'a> =
     Pin<Box<dyn Future<Output = Result<Response<pb::NextActionResponse>, Status>> + Send + 'a>>;
-
-/// The response to a decision of the ledger.
-fn answer(decided: Decided, dry_run: bool) -> Response<pb::NextActionResponse> {
-    let mut response = pb::NextActionResponse::from(decided);
-    response.dry_run = dry_run;
-    Response::new(response)
-}
 
 /// When the failure occurred, if the request says.
 fn occurred_at(req: &pb::NextActionRequest) -> Result<Option<i64>, BudgetError> {

@@ -313,6 +313,10 @@ impl Store for PgStore {
         .await
     }
 
+    fn commit_stats(&self) -> Option<&CommitStats> {
+        Some(PgStore::commit_stats(self))
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.bounded("ping", async {
             let client = self.client("ping").await?;

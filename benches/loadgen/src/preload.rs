@@ -122,6 +122,7 @@ pub async fn postgres(url: &str, args: &Args) -> Result<Value, LoadgenError> {
         pool_size: connections + 1,
         timeout: std::time::Duration::from_secs(600),
         max_batch: 1,
+        ca_file: None,
     })
     .map_err(|e| LoadgenError::Preload(e.to_string()))?;
     store

@@ -15,7 +15,6 @@
 //! writer decides again on what is stored now.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -134,6 +133,7 @@ async fn dispatch(
 
 /// Writes one batch and answers each of its saves.
 async fn commit(pool: &Pool, timeout: Duration, batch: Vec<Pending>, stats: &CommitStats) {
+    let started = std::time::Instant::now();
     let outcome = match tokio::time::timeout(timeout, write(pool, &batch)).await {
         Ok(outcome) => outcome,
         Err(_) => Err(Failure::new(
@@ -143,8 +143,7 @@ async fn commit(pool: &Pool, timeout: Duration, batch: Vec<Pending>, stats: &Com
     };
     match outcome {
         Ok(written) => {
-            stats.commits.fetch_add(1, Ordering::Relaxed);
-            stats.saves.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            stats.committed(batch.len(), started.elapsed());
             for (pending, written) in batch.into_iter().zip(written) {
                 let answer = if written {
                     Ok(())

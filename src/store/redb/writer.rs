@@ -284,6 +284,7 @@ impl Writer {
     /// backlog's bound reached is refused whole: its saves were admitted
     /// before the bound was, and are told to come back.
     fn commit(&mut self, batch: &mut Vec<Write>, framed: &mut Vec<u8>) {
+        let started = std::time::Instant::now();
         let result = match &self.failed {
             Some(failed) => Err(failed.clone()),
             None => match self.shared.backlog.admit() {
@@ -303,9 +304,7 @@ impl Writer {
             },
         };
         if result.is_ok() {
-            let stats = &self.shared.stats;
-            stats.commits.fetch_add(1, Ordering::Relaxed);
-            stats.saves.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            self.shared.stats.committed(batch.len(), started.elapsed());
             self.shared.backlog.set_active(self.segment.bytes());
         }
         // Publish the group under the lock; acknowledge it, and free the

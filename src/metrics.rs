@@ -1,0 +1,227 @@
+//! Prometheus metrics, served as text on `/metrics` (`[metrics] listen`).
+//!
+//! # Cheap on the request path
+//! What a request touches is counted as it happens, without allocating:
+//! the RPC layer (`rpc`) finds its method's row by the request's path and
+//! its status's histogram by index; a decision's counters are keyed by
+//! static strings. What the bucket, the store's group commits and the
+//! coordination already count is read when Prometheus scrapes
+//! (`collect`), not pushed on every request.
+//!
+//! # Names
+//! Every name starts with `retry_budget_`; counters end in `_total`,
+//! durations are `_seconds`; see `docs/operations.md` for each metric and
+//! what to alert on.
+
+mod collect;
+mod http;
+mod rpc;
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+pub use self::collect::Sources;
+pub use self::http::serve;
+pub use self::rpc::{RpcMetrics, RpcMetricsLayer};
+use crate::budget::codes;
+
+/// Labels of a counter keyed by static strings.
+type Labels1 = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+/// The service's metrics. Clones share them.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    rpc: RpcMetrics,
+    decisions: Family<Labels2, Counter>,
+    deferrals: Family<Labels1, Counter>,
+    would_defer: Family<Labels1, Counter>,
+    replays: Counter,
+    conflicts: Family<Labels1, Counter>,
+    reloads: Family<Labels1, Counter>,
+    commit_size: Histogram,
+    commit_seconds: Histogram,
+}
+
+impl Metrics {
+    /// The metrics of a server with `config_sha256` loaded, reading the
+    /// bucket, store and coordination figures from `sources` at each
+    /// scrape; `top_tenants` bounds the tenant label.
+    pub fn new(config_sha256: &str, sources: Sources, top_tenants: usize) -> Self {
+        let mut registry = Registry::with_prefix("retry_budget");
+        registry.register(
+            "build",
+            "The running build",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        registry.register(
+            "config",
+            "The configuration loaded (SHA-256 of its TOML, defaults included)",
+            Info::new(vec![("sha256", config_sha256.to_owned())]),
+        );
+        let rpc = RpcMetrics::new();
+        rpc.register(&mut registry);
+        let decisions = Family::<Labels2, Counter>::default();
+        registry.register(
+            "decisions",
+            "NextAction decisions, replays included, by action and stable code",
+            decisions.clone(),
+        );
+        let deferrals = Family::<Labels1, Counter>::default();
+        registry.register(
+            "deferrals",
+            "Retries deferred by the global bucket, by reason",
+            deferrals.clone(),
+        );
+        let would_defer = Family::<Labels1, Counter>::default();
+        registry.register(
+            "shadow_would_defer",
+            "In shadow mode, retries the bucket would have deferred, by reason",
+            would_defer.clone(),
+        );
+        let replays = Counter::default();
+        registry.register(
+            "replays",
+            "NextAction answers that replayed a recorded decision",
+            replays.clone(),
+        );
+        let conflicts = Family::<Labels1, Counter>::default();
+        registry.register(
+            "conflicts",
+            "Replays whose request disagreed with the record (policy or error class)",
+            conflicts.clone(),
+        );
+        let reloads = Family::<Labels1, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads (SIGHUP), by result",
+            reloads.clone(),
+        );
+        let commit_size = Histogram::new(exponential_buckets(1.0, 2.0, 12));
+        registry.register(
+            "store_commit_size",
+            "Decisions one group commit carried",
+            commit_size.clone(),
+        );
+        let commit_seconds = Histogram::new(exponential_buckets(0.000_125, 2.0, 14));
+        registry.register_with_unit(
+            "store_commit",
+            "Time one group commit took, the fsync or the database's commit included",
+            Unit::Seconds,
+            commit_seconds.clone(),
+        );
+        registry.register_collector(Box::new(collect::Scraped::new(sources, top_tenants)));
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                rpc,
+                decisions,
+                deferrals,
+                would_defer,
+                replays,
+                conflicts,
+                reloads,
+                commit_size,
+                commit_seconds,
+            }),
+        }
+    }
+
+    /// The layer that times every RPC of the server.
+    pub fn rpc_layer(&self) -> RpcMetricsLayer {
+        RpcMetricsLayer::new(self.inner.rpc.clone())
+    }
+
+    /// Counts one `NextAction` answer.
+    pub fn decision(&self, answer: &DecisionLabels<'_>) {
+        let inner = &self.inner;
+        inner
+            .decisions
+            .get_or_create(&[
+                ("action", answer.action),
+                ("code", codes::intern(answer.code)),
+            ])
+            .inc();
+        if answer.replayed {
+            inner.replays.inc();
+        }
+        if let Some(reason) = answer.defer_reason {
+            inner
+                .deferrals
+                .get_or_create(&[("reason", codes::intern(reason))])
+                .inc();
+        }
+        if let Some(reason) = answer.would_defer {
+            inner
+                .would_defer
+                .get_or_create(&[("reason", codes::intern(reason))])
+                .inc();
+        }
+        if answer.policy_conflict {
+            inner.conflicts.get_or_create(&[("kind", "policy")]).inc();
+        }
+        if answer.class_conflict {
+            inner.conflicts.get_or_create(&[("kind", "class")]).inc();
+        }
+    }
+
+    /// Counts a configuration reload.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.inner
+            .reloads
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+
+    /// Records one group commit of `size` decisions that took `seconds`.
+    pub fn commit(&self, size: usize, seconds: f64) {
+        self.inner.commit_size.observe(size as f64);
+        self.inner.commit_seconds.observe(seconds);
+    }
+
+    /// The metrics in Prometheus' text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String does not fail.
+        let _ = encode(&mut text, &self.inner.registry);
+        text
+    }
+
+    /// Requests being served now (for tests).
+    pub fn in_flight(&self) -> &Gauge {
+        self.inner.rpc.in_flight()
+    }
+}
+
+/// What a `NextAction` answer says, for [`Metrics::decision`].
+#[derive(Debug, Clone, Copy)]
+pub struct DecisionLabels<'a> {
+    /// The action, as its proto name.
+    pub action: &'static str,
+    /// The stable code.
+    pub code: &'a str,
+    /// Why it was deferred, if it was.
+    pub defer_reason: Option<&'a str>,
+    /// Why it would have been deferred, in shadow mode.
+    pub would_defer: Option<&'a str>,
+    /// A replay of a recorded decision.
+    pub replayed: bool,
+    /// The request's policy differed from the record's.
+    pub policy_conflict: bool,
+    /// The request's error class differed from the record's.
+    pub class_conflict: bool,
+}

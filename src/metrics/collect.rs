@@ -1,0 +1,243 @@
+//! What is read when Prometheus scrapes, not pushed by every request: the
+//! bucket's counters, level and tenants; the store's group-commit
+//! counters; the replica's part of the global budget.
+
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use tokio::sync::watch;
+
+use crate::bucket::FairBucket;
+use crate::coord::{CoordinationState, CoordinationStatus};
+
+/// Reads the store's commit counters (commits, saves, checkpoints,
+/// records checkpointed), if the store is still there.
+pub type CommitCounters = Box<dyn Fn() -> Option<[u64; 4]> + Send + Sync>;
+
+/// Where the scraped figures come from.
+pub struct Sources {
+    /// The global bucket.
+    pub bucket: Option<FairBucket>,
+    /// The store's group-commit counters.
+    pub commits: CommitCounters,
+    /// The replica's coordination, on PostgreSQL.
+    pub coordination: Option<watch::Receiver<CoordinationState>>,
+}
+
+impl fmt::Debug for Sources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sources").finish_non_exhaustive()
+    }
+}
+
+/// The collector over [`Sources`].
+#[derive(Debug)]
+pub(super) struct Scraped {
+    sources: Sources,
+    top_tenants: usize,
+}
+
+impl Scraped {
+    pub(super) fn new(sources: Sources, top_tenants: usize) -> Self {
+        Self {
+            sources,
+            top_tenants,
+        }
+    }
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> Result<(), fmt::Error> {
+    ConstGauge::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), fmt::Error> {
+    ConstCounter::new(value).encode(encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        MetricType::Counter,
+    )?)
+}
+
+impl Collector for Scraped {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        if let Some(bucket) = &self.sources.bucket {
+            let stats = bucket.stats();
+            let e = &mut encoder;
+            gauge(
+                e,
+                "bucket_rate",
+                "Retry tokens a second this replica's bucket refills at",
+                bucket.rate(),
+            )?;
+            gauge(
+                e,
+                "bucket_burst",
+                "Retry tokens this replica's bucket holds when full",
+                f64::from(bucket.burst()),
+            )?;
+            gauge(
+                e,
+                "bucket_tokens",
+                "Retry tokens in the bucket now; negative when promised ahead",
+                stats.level,
+            )?;
+            counter(
+                e,
+                "bucket_tokens_taken",
+                "Tokens taken for requests as they arrived",
+                stats.taken,
+            )?;
+            counter(
+                e,
+                "bucket_tokens_granted",
+                "Tokens spent on retries",
+                stats.granted,
+            )?;
+            counter(
+                e,
+                "bucket_tokens_returned",
+                "Tokens taken and given back unused",
+                stats.returned,
+            )?;
+            counter(e, "bucket_deposits", "Success deposits", stats.deposits)?;
+            gauge(
+                e,
+                "bucket_tracked_tenants",
+                "Tenants the bucket tracks one by one",
+                stats.tracked_tenants as f64,
+            )?;
+            let mut admissions = e.encode_descriptor(
+                "bucket_admissions_refused",
+                "Token requests not granted at once, by outcome and reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for (outcome, reason, n) in [
+                (
+                    "deferred",
+                    "tenant_share_exhausted",
+                    stats.deferred_tenant_share,
+                ),
+                (
+                    "deferred",
+                    "global_capacity_exhausted",
+                    stats.deferred_global_capacity,
+                ),
+                (
+                    "refused",
+                    "tenant_backlog_full",
+                    stats.refused_tenant_backlog,
+                ),
+                (
+                    "refused",
+                    "global_capacity_exhausted",
+                    stats.refused_global_capacity,
+                ),
+                (
+                    "refused",
+                    "reservation_past_max_wait",
+                    stats.refused_past_max_wait,
+                ),
+            ] {
+                let labels = [("outcome", outcome), ("reason", reason)];
+                ConstCounter::new(n).encode(admissions.encode_family(&labels)?)?;
+            }
+            // The busiest tenants by name, the rest as `other`: the label's
+            // values stay bounded however many tenants there are.
+            let mut tenants = stats.tenants;
+            tenants.sort_unstable_by(|a, b| b.tokens.cmp(&a.tokens).then(a.tenant.cmp(&b.tenant)));
+            let rest = tenants.split_off(self.top_tenants.min(tenants.len()));
+            let mut tokens = e.encode_descriptor(
+                "tenant_tokens",
+                "Tokens a tenant was granted or booked, less those returned, since the bucket tracked it; the busiest tenants by name, the rest as other",
+                None,
+                MetricType::Gauge,
+            )?;
+            for t in &tenants {
+                let labels = [("tenant", t.tenant.as_str())];
+                ConstGauge::new(t.tokens as f64).encode(tokens.encode_family(&labels)?)?;
+            }
+            let other: u64 = rest.iter().map(|t| t.tokens).sum();
+            ConstGauge::new(other as f64).encode(tokens.encode_family(&[("tenant", "other")])?)?;
+            let mut weights = e.encode_descriptor(
+                "tenant_weight",
+                "A tenant's weight in this replica's bucket (the busiest tenants)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for t in &tenants {
+                let labels = [("tenant", t.tenant.as_str())];
+                ConstGauge::new(f64::from(t.weight)).encode(weights.encode_family(&labels)?)?;
+            }
+        }
+        if let Some([commits, saves, checkpoints, checkpointed]) = (self.sources.commits)() {
+            let e = &mut encoder;
+            counter(e, "store_commits", "Group commits made", commits)?;
+            counter(e, "store_saves", "Decisions those commits carried", saves)?;
+            counter(
+                e,
+                "store_checkpoints",
+                "Checkpoints into the embedded database",
+                checkpoints,
+            )?;
+            counter(
+                e,
+                "store_checkpointed",
+                "Records those checkpoints wrote",
+                checkpointed,
+            )?;
+        }
+        if let Some(state) = &self.sources.coordination {
+            let state = state.borrow().clone();
+            let e = &mut encoder;
+            gauge(
+                e,
+                "coordination_rate",
+                "This replica's part of the global retry rate",
+                state.rate,
+            )?;
+            gauge(
+                e,
+                "coordination_target",
+                "What the split gives this replica",
+                state.target,
+            )?;
+            gauge(
+                e,
+                "coordination_replicas",
+                "Live replicas at the last transaction",
+                state.replicas as f64,
+            )?;
+            let mut status = e.encode_descriptor(
+                "coordination_status",
+                "1 for where this replica's part of the budget comes from now",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (name, s) in [
+                ("granted", CoordinationStatus::Granted),
+                ("fallback", CoordinationStatus::Fallback),
+                ("no_grant", CoordinationStatus::NoGrant),
+            ] {
+                let value = if state.status == s { 1.0 } else { 0.0 };
+                ConstGauge::new(value).encode(status.encode_family(&[("status", name)])?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,130 @@
+//! Prometheus metrics from the real server: what a scrape shows after
+//! decisions, replays, deferrals, refusals and group commits.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestServer, pb, report, with_tenant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A port free now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// `GET path` over HTTP/1.1: the status line and the body.
+async fn get(port: u16, path: &str) -> (String, String) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the metrics port");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+/// The value of the sample named exactly `series` (name and labels).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_scrape_shows_what_the_server_did() {
+    let port = free_port();
+    let server = TestServer::start_with(|c| {
+        c.metrics.listen = Some(([127, 0, 0, 1], port).into());
+        c.bucket.rate = 1.0;
+        c.bucket.burst = 1;
+    })
+    .await;
+    let mut client = server.client().await;
+    let ask =
+        |id: &str, attempt| with_tenant(report(id, attempt, pb::ErrorClass::Transient), "acme");
+    // A retry (the one token), its replay, a deferral, a refusal.
+    let first = client.next_action(ask("a", 1)).await.unwrap().into_inner();
+    assert_eq!(first.action, pb::Action::ScheduleRetry as i32);
+    client.next_action(ask("a", 1)).await.unwrap();
+    let deferred = client.next_action(ask("b", 1)).await.unwrap().into_inner();
+    assert_eq!(deferred.action, pb::Action::Deferred as i32, "{deferred:?}");
+    let refused = client.next_action(ask("a", 5)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+
+    let (status, text) = get(port, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    let expect = |series: &str, value: f64| {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    };
+    expect(
+        r#"retry_budget_decisions_total{action="ACTION_SCHEDULE_RETRY",code="schedule_retry"}"#,
+        2.0,
+    );
+    expect(
+        r#"retry_budget_decisions_total{action="ACTION_DEFERRED",code="deferred"}"#,
+        1.0,
+    );
+    expect("retry_budget_replays_total", 1.0);
+    expect(
+        r#"retry_budget_deferrals_total{reason="global_capacity_exhausted"}"#,
+        1.0,
+    );
+    expect(
+        r#"retry_budget_rpc_calls_total{service="retrybudget.v1.RetryBudget",method="NextAction",code="OK"}"#,
+        3.0,
+    );
+    expect(
+        r#"retry_budget_rpc_calls_total{service="retrybudget.v1.RetryBudget",method="NextAction",code="FAILED_PRECONDITION"}"#,
+        1.0,
+    );
+    expect(
+        r#"retry_budget_rpc_refusals_total{method="NextAction",code="attempt_out_of_order"}"#,
+        1.0,
+    );
+    expect("retry_budget_rpc_in_flight", 0.0);
+    expect("retry_budget_bucket_rate", 1.0);
+    expect("retry_budget_bucket_burst", 1.0);
+    expect(
+        &format!(
+            r#"retry_budget_build_info{{version="{}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        ),
+        1.0,
+    );
+    assert!(
+        text.contains("retry_budget_config_info{sha256=\""),
+        "{text}"
+    );
+    // Two fresh decisions saved (the replay and the refusal save nothing),
+    // in at least one group commit, each observed.
+    expect("retry_budget_store_saves_total", 2.0);
+    let commits = sample(&text, "retry_budget_store_commits_total").unwrap();
+    assert!(commits >= 1.0);
+    expect("retry_budget_store_commit_size_count", commits);
+    assert!(sample(&text, "retry_budget_store_commit_seconds_count") == Some(commits));
+    expect(r#"retry_budget_tenant_tokens{tenant="acme"}"#, 2.0);
+    expect(r#"retry_budget_tenant_tokens{tenant="other"}"#, 0.0);
+    // Every metric is named as Prometheus wants: the text ends with # EOF.
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+
+    let (status, _) = get(port, "/nope").await;
+    assert!(status.contains("404"), "{status}");
+    server.stop().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err(),
+        "the metrics listener closes with the server"
+    );
+}

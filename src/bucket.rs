@@ -58,7 +58,7 @@ mod stats;
 mod tenants;
 
 pub use capacity::Capacity;
-pub use config::{BucketConfig, BucketConfigError};
+pub use config::{BucketConfig, BucketConfigError, BucketMode};
 pub use fair::{Admission, FairShares, Grant};
 pub use handle::FairBucket;
 pub use layer::RetryTokenLayer;

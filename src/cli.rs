@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// Retry tokens the bucket holds when full [bucket.burst].
     #[arg(long)]
     pub retry_burst: Option<u32>,
+    /// `enforce` defers retries past the budget; `shadow` only computes and
+    /// counts what it would defer, letting every retry go [bucket.mode].
+    #[arg(long)]
+    pub bucket_mode: Option<crate::bucket::BucketMode>,
     /// Tokens each RecordSuccess adds back [bucket.success_deposit].
     #[arg(long)]
     pub success_deposit: Option<f64>,
@@ -236,6 +240,7 @@ impl ServeArgs {
         set(&mut bucket.rate, &self.retry_rate);
         set(&mut bucket.burst, &self.retry_burst);
         set(&mut bucket.success_deposit, &self.success_deposit);
+        set(&mut bucket.mode, &self.bucket_mode);
         set(
             &mut hints.max_hint_seconds,
             &self.max_hint.map(|d| d.as_secs()),

@@ -155,8 +155,16 @@ impl Metrics {
                 ("code", codes::intern(answer.code)),
             ])
             .inc();
+        if answer.policy_conflict {
+            inner.conflicts.get_or_create(&[("kind", "policy")]).inc();
+        }
+        if answer.class_conflict {
+            inner.conflicts.get_or_create(&[("kind", "class")]).inc();
+        }
         if answer.replayed {
+            // A replay answers again what was counted when it was decided.
             inner.replays.inc();
+            return;
         }
         if let Some(reason) = answer.defer_reason {
             inner
@@ -169,12 +177,6 @@ impl Metrics {
                 .would_defer
                 .get_or_create(&[("reason", codes::intern(reason))])
                 .inc();
-        }
-        if answer.policy_conflict {
-            inner.conflicts.get_or_create(&[("kind", "policy")]).inc();
-        }
-        if answer.class_conflict {
-            inner.conflicts.get_or_create(&[("kind", "class")]).inc();
         }
     }
 

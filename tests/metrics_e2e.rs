@@ -128,3 +128,65 @@ async fn a_scrape_shows_what_the_server_did() {
         "the metrics listener closes with the server"
     );
 }
+
+/// Shadow mode: the bucket computes every admission but never defers; a
+/// retry it would have deferred goes ahead, says so, is replayed as it was
+/// answered, and is counted.
+#[tokio::test]
+async fn shadow_mode_lets_retries_go_and_counts_what_it_would_defer() {
+    let port = free_port();
+    let server = TestServer::start_with(|c| {
+        c.metrics.listen = Some(([127, 0, 0, 1], port).into());
+        c.bucket.rate = 1.0;
+        c.bucket.burst = 1;
+        c.bucket.mode = retry_budget::bucket::BucketMode::Shadow;
+    })
+    .await;
+    let mut client = server.client().await;
+    let ask = |id: &str| with_tenant(report(id, 1, pb::ErrorClass::Transient), "acme");
+    let first = client.next_action(ask("a")).await.unwrap().into_inner();
+    assert_eq!(first.action, pb::Action::ScheduleRetry as i32);
+    assert!(!first.would_defer && first.token_taken, "{first:?}");
+    let shadowed = client.next_action(ask("b")).await.unwrap().into_inner();
+    assert_eq!(
+        shadowed.action,
+        pb::Action::ScheduleRetry as i32,
+        "{shadowed:?}"
+    );
+    assert!(shadowed.would_defer, "{shadowed:?}");
+    assert!(!shadowed.token_taken);
+    assert_eq!(shadowed.defer_reason, "global_capacity_exhausted");
+    assert!(
+        shadowed.reason.contains("shadow mode"),
+        "{}",
+        shadowed.reason
+    );
+    let replay = client.next_action(ask("b")).await.unwrap().into_inner();
+    assert!(replay.replayed && replay.would_defer, "{replay:?}");
+
+    let (_, text) = get(port, "/metrics").await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"retry_budget_shadow_would_defer_total{reason="global_capacity_exhausted"}"#
+        ),
+        Some(1.0),
+        "the decision, not its replay\n{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"retry_budget_bucket_admissions_refused_total{outcome="deferred",reason="global_capacity_exhausted"}"#
+        ),
+        Some(1.0),
+        "the bucket counted the deferral it computed\n{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"retry_budget_deferrals_total{reason="global_capacity_exhausted"}"#
+        ),
+        None,
+        "nothing was deferred"
+    );
+}

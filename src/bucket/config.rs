@@ -64,6 +64,10 @@ pub struct BucketConfig {
     /// (losing nothing); past the bound, new tenants share one entry of the
     /// default weight. Default [`DEFAULT_MAX_TENANTS`].
     pub max_tenants: usize,
+    /// `enforce` (the default) defers retries past the budget; `shadow`
+    /// computes every admission as it would but never defers: a retry it
+    /// would have deferred goes ahead, marked `would_defer`, and is counted.
+    pub mode: BucketMode,
     /// How far ahead, in milliseconds, a deferral may book a tenant's slot.
     /// It bounds both how long a booked retry waits and how far the bucket
     /// may promise beyond its rate (see `docs/fairness.md`). At least one
@@ -82,6 +86,30 @@ impl Default for BucketConfig {
             weights: BTreeMap::new(),
             max_tenants: DEFAULT_MAX_TENANTS,
             max_reservation_ms: DEFAULT_MAX_RESERVATION_MS,
+            mode: BucketMode::Enforce,
+        }
+    }
+}
+
+/// Whether the bucket's deferrals are enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BucketMode {
+    /// Retries past the budget are deferred.
+    #[default]
+    Enforce,
+    /// Retries past the budget go ahead, marked as ones it would defer.
+    Shadow,
+}
+
+impl std::str::FromStr for BucketMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "enforce" => Ok(Self::Enforce),
+            "shadow" => Ok(Self::Shadow),
+            other => Err(format!("{other:?} is not enforce or shadow")),
         }
     }
 }

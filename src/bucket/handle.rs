@@ -21,7 +21,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::capacity::Capacity;
-use super::config::{BucketConfig, BucketConfigError};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::config::{BucketConfig, BucketConfigError, BucketMode};
 use super::fair::{Admission, FairShares, Grant};
 use super::permit::PermitSlot;
 use super::stats::{BucketStats, Counters, TenantStats};
@@ -40,6 +42,8 @@ struct Shared {
     epoch: Instant,
     /// Counters for metrics, outside the lock.
     counters: Counters,
+    /// Shadow mode: deferrals are computed and counted, never made.
+    shadow: AtomicBool,
 }
 
 impl FairBucket {
@@ -53,6 +57,7 @@ impl FairBucket {
                 shares: Mutex::new(FairShares::new(config)?),
                 epoch: Instant::now(),
                 counters: Counters::default(),
+                shadow: AtomicBool::new(config.mode == BucketMode::Shadow),
             }),
         })
     }
@@ -89,7 +94,17 @@ impl FairBucket {
             shares.admit(tenant, self.now(), max_wait)
         };
         self.shared.counters.admission(&admission);
+        if self.shared.shadow.load(Ordering::Relaxed) {
+            return admission.shadowed();
+        }
         admission
+    }
+
+    /// Enforces deferrals, or only computes them (shadow mode), from now on.
+    pub fn set_mode(&self, mode: BucketMode) {
+        self.shared
+            .shadow
+            .store(mode == BucketMode::Shadow, Ordering::Relaxed);
     }
 
     /// Adds the configured success deposit to the bucket: call it for every

@@ -94,6 +94,8 @@ impl Counters {
                 RESERVATION_PAST_MAX_WAIT => &self.refused_past_max_wait,
                 _ => &self.refused_global_capacity,
             },
+            // Counted as the admission it stands for, before shadowing.
+            Admission::WouldDefer { .. } => return,
         };
         counter.fetch_add(1, Relaxed);
     }

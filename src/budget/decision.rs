@@ -175,6 +175,16 @@ pub fn settle(
             event.token_taken = true;
             return false;
         }
+        // Shadow mode: the retry goes ahead; the record says why it would
+        // not have.
+        Admission::WouldDefer { reason } => {
+            event.defer_reason = Some(reason.to_owned());
+            event.reason = format!(
+                "{}; shadow mode: the bucket would have deferred it ({reason})",
+                event.reason
+            );
+            return false;
+        }
         Admission::Deferred { wait, reason } => (wait, reason, true),
         Admission::Refused {
             retry_after,

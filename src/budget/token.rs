@@ -42,6 +42,26 @@ pub enum Admission {
         /// [`RESERVATION_PAST_MAX_WAIT`].
         reason: &'static str,
     },
+    /// Shadow mode: the bucket would have deferred or refused the retry for
+    /// `reason`, and lets it go now instead. Nothing is booked for it; the
+    /// bucket counted the admission as it would have made it.
+    WouldDefer {
+        /// Why it would have been deferred.
+        reason: &'static str,
+    },
+}
+
+impl Admission {
+    /// What shadow mode makes of an answer: a deferral or a refusal becomes
+    /// [`Admission::WouldDefer`], with its reason.
+    pub fn shadowed(self) -> Self {
+        match self {
+            Self::Granted | Self::WouldDefer { .. } => self,
+            Self::Deferred { reason, .. } | Self::Refused { reason, .. } => {
+                Self::WouldDefer { reason }
+            }
+        }
+    }
 }
 
 /// Hands out global retry tokens. Asked at most once per decision, and only

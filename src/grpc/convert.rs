@@ -243,6 +243,8 @@ impl From<Event> for pb::NextActionResponse {
                 as i32,
             hint: e.hint.as_ref().map(pb::ServerHint::from),
             rule: e.rule.unwrap_or_default(),
+            // A retry with a reason to defer is one shadow mode let go.
+            would_defer: e.action == Some(Action::ScheduleRetry) && e.defer_reason.is_some(),
             token_taken: e.token_taken,
             defer_reason: e.defer_reason.unwrap_or_default(),
         }
@@ -273,8 +275,8 @@ pub(super) fn decision_labels(response: &pb::NextActionResponse) -> DecisionLabe
         action: pb::Action::try_from(response.action)
             .map_or("ACTION_UNSPECIFIED", |a| a.as_str_name()),
         code: &response.code,
-        defer_reason: non_empty(&response.defer_reason),
-        would_defer: None,
+        defer_reason: non_empty(&response.defer_reason).filter(|_| !response.would_defer),
+        would_defer: non_empty(&response.defer_reason).filter(|_| response.would_defer),
         replayed: response.replayed,
         policy_conflict: response.policy_conflict,
         class_conflict: response.class_conflict,

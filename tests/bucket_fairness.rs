@@ -119,6 +119,7 @@ fn simulate(config: &BucketConfig, tenants: &[Tenant], end: Duration) -> Run {
                     Event::Again(i),
                 )));
             }
+            Admission::WouldDefer { .. } => unreachable!("the algorithm itself never shadows"),
         }
     }
     check_global_bound(config, &mut run);

@@ -96,6 +96,7 @@ fn a_burst_of_deferrals_wakes_spread() {
             Admission::Granted => granted += 1,
             Admission::Deferred { wait, .. } => booked.entry(tenant).or_default().push(wait),
             Admission::Refused { retry_after, .. } => refused.push((retry_after, tenant)),
+            Admission::WouldDefer { .. } => unreachable!("the algorithm itself never shadows"),
         }
     }
     // Booked slots (when the retries run) and refusals' turns (when the
@@ -144,6 +145,7 @@ fn a_burst_of_deferrals_wakes_spread() {
                     uses.push((at + wait - now).as_millis() as u64);
                 }
                 Admission::Refused { retry_after, .. } => next.push((at + retry_after, tenant)),
+                Admission::WouldDefer { .. } => unreachable!("the algorithm itself never shadows"),
             }
         }
         pending = next;

@@ -13,6 +13,7 @@ mod locks;
 use std::future::ready;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use futures_util::future::Either;
 
@@ -170,7 +171,9 @@ impl<F: Future<Output = Result<(), StoreError>>> Saving<'_, F> {
 pub struct Ledger<S> {
     store: S,
     locks: KeyLocks,
-    defaults: Defaults,
+    /// Replaced whole by a reload (`set_defaults`); each decision reads
+    /// one version of it.
+    defaults: ArcSwap<Defaults>,
 }
 
 impl<S: Store> Ledger<S> {
@@ -180,13 +183,19 @@ impl<S: Store> Ledger<S> {
         Self {
             store,
             locks: KeyLocks::new(),
-            defaults,
+            defaults: ArcSwap::from_pointee(defaults),
         }
     }
 
     /// The settings that shape decisions.
-    pub fn defaults(&self) -> &Defaults {
-        &self.defaults
+    pub fn defaults(&self) -> Defaults {
+        **self.defaults.load()
+    }
+
+    /// New settings for the decisions from now on (a reload); activities
+    /// keep the policy recorded on their first report.
+    pub fn set_defaults(&self, defaults: Defaults) {
+        self.defaults.store(std::sync::Arc::new(defaults));
     }
 
     /// The store underneath.
@@ -294,9 +303,10 @@ impl<S: Store> Ledger<S> {
         dry_run: bool,
     ) -> Result<(Decided, Option<ToSave>), LedgerError> {
         let replaces = previous.as_ref().map(Replaced::of);
-        let requested = report.policy.map(|p| p.or_defaults(self.defaults.policy));
+        let defaults = self.defaults();
+        let requested = report.policy.map(|p| p.or_defaults(defaults.policy));
         let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
-        match activity::plan(previous, key, report, &self.defaults, now_ms)? {
+        match activity::plan(previous, key, report, &defaults, now_ms)? {
             Plan::Replay(replay) => Ok((
                 Decided {
                     policy_conflict: conflict(&replay.policy),

@@ -115,7 +115,8 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match retry_budget::server::run(listener, config, shutdown_signal()).await {
+    let reloads = reload_on_sighup(serve);
+    match retry_budget::server::run_reloading(listener, config, shutdown_signal(), reloads).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -124,6 +125,40 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
             tracing::error!(%error, "server failed");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// On every SIGHUP, the configuration read again (file, environment and
+/// flags, as at start) for the server to apply; `None` where there is no
+/// SIGHUP.
+fn reload_on_sighup(
+    serve: retry_budget::cli::ServeArgs,
+) -> Option<tokio::sync::mpsc::UnboundedReceiver<retry_budget::server::Reload>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP: no reloads");
+                return None;
+            }
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                tracing::info!("SIGHUP received: reading the configuration again");
+                if tx.send(serve.config()).is_err() {
+                    return;
+                }
+            }
+        });
+        Some(rx)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = serve;
+        None
     }
 }
 

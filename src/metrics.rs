@@ -52,6 +52,7 @@ struct Inner {
     replays: Counter,
     conflicts: Family<Labels1, Counter>,
     reloads: Family<Labels1, Counter>,
+    config: Family<Vec<(&'static str, String)>, Gauge>,
     commit_size: Histogram,
     commit_seconds: Histogram,
 }
@@ -67,10 +68,14 @@ impl Metrics {
             "The running build",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let config = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        config
+            .get_or_create(&vec![("sha256", config_sha256.to_owned())])
+            .set(1);
         registry.register(
-            "config",
-            "The configuration loaded (SHA-256 of its TOML, defaults included)",
-            Info::new(vec![("sha256", config_sha256.to_owned())]),
+            "config_info",
+            "1 for the configuration in force (SHA-256 of its TOML as --print-config prints it)",
+            config.clone(),
         );
         let rpc = RpcMetrics::new();
         rpc.register(&mut registry);
@@ -134,6 +139,7 @@ impl Metrics {
                 replays,
                 conflicts,
                 reloads,
+                config,
                 commit_size,
                 commit_seconds,
             }),
@@ -187,6 +193,15 @@ impl Metrics {
             .reloads
             .get_or_create(&[("result", result)])
             .inc();
+    }
+
+    /// The configuration in force is now the one hashed `sha256`.
+    pub fn set_config_hash(&self, sha256: &str) {
+        self.inner.config.clear();
+        self.inner
+            .config
+            .get_or_create(&vec![("sha256", sha256.to_owned())])
+            .set(1);
     }
 
     /// Records one group commit of `size` decisions that took `seconds`.

@@ -21,6 +21,9 @@ use tonic::transport::Server;
 use crate::bucket::{BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::Defaults;
 use crate::budget::classify::{RuleError, RuleSet};
+use arc_swap::ArcSwap;
+use tokio::sync::mpsc;
+
 use crate::config::Config;
 use crate::coord::{CoordinationConfigError, Coordinator};
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
@@ -28,10 +31,12 @@ use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
 use crate::metrics::{Metrics, RpcMetricsLayer, Sources};
 use crate::store::{CommitStats, PgStore, RedbStore, Store, StoreError};
-use sha2::Digest;
 
 mod incoming;
+mod reload;
 mod watch;
+
+pub use reload::Reload;
 
 pub use watch::COORDINATION_HEALTH;
 
@@ -70,11 +75,25 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    run_reloading(listener, config, shutdown, None).await
+}
+
+/// [`run`], applying each configuration `reloads` brings (see `reload`):
+/// the binary reads the file again on SIGHUP and sends it here.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_reloading(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    reloads: Option<mpsc::UnboundedReceiver<Reload>>,
+) -> Result<(), ServerError> {
     if let Some(options) = config.store.postgres_options() {
         let store = PgStore::open(&options)?;
         let counted = store.clone();
         let pool = store.pool().clone();
-        let result = serve_with(listener, store, config, shutdown, Some(pool)).await;
+        let result = serve_with(listener, store, config, shutdown, Some(pool), reloads).await;
         let [commits, saves, ..] = counted.commit_stats().snapshot();
         tracing::info!(commits, saves, "group commit totals");
         return result;
@@ -83,7 +102,7 @@ pub async fn run(
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.
     let counted = store.clone();
-    let result = serve(listener, store, config, shutdown).await;
+    let result = serve_with(listener, store, config, shutdown, None, reloads).await;
     let [commits, saves, checkpoints, checkpointed] = counted.commit_stats().snapshot();
     tracing::info!(
         commits,
@@ -105,7 +124,7 @@ pub async fn serve<S: Store>(
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    serve_with(listener, store, config, shutdown, None).await
+    serve_with(listener, store, config, shutdown, None, None).await
 }
 
 /// [`serve`], the bucket's rate and burst shared with the other replicas
@@ -116,6 +135,7 @@ async fn serve_with<S: Store>(
     config: Config,
     shutdown: impl Future<Output = ()>,
     coordination: Option<deadpool_postgres::Pool>,
+    mut reloads: Option<mpsc::UnboundedReceiver<Reload>>,
 ) -> Result<(), ServerError> {
     let local = listener
         .local_addr()
@@ -124,7 +144,9 @@ async fn serve_with<S: Store>(
         policy: config.policy.policy(),
         max_hint_ms: config.hints.max_hint_ms(),
     };
-    let rules = Arc::new(RuleSet::new(config.classification.rules.clone())?);
+    let rules = Arc::new(ArcSwap::from_pointee(RuleSet::new(
+        config.classification.rules.clone(),
+    )?));
     let ledger = Arc::new(Ledger::new(store, defaults));
     let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
@@ -177,11 +199,15 @@ async fn serve_with<S: Store>(
     let rpc_metrics = metrics
         .as_ref()
         .map_or_else(RpcMetricsLayer::off, Metrics::rpc_layer);
+    // What a reload reaches, kept until the drain starts.
+    let reload_ledger = Arc::clone(&ledger);
+    let reload_bucket = bucket.clone();
+    let reload_metrics = metrics.clone();
     let service = RetryBudgetService::new(
         Arc::clone(&ledger),
         draining.clone(),
         Some(bucket.clone()),
-        rules,
+        Arc::clone(&rules),
     )
     .with_metrics(metrics);
     let router = Server::builder()
@@ -211,17 +237,31 @@ async fn serve_with<S: Store>(
     );
 
     let result = async {
-        tokio::select! {
-            result = &mut serving => {
-                stop_task(sweeper).await;
-                stop_task(store_health).await;
-                if let Some(task) = coordination_health {
-                    stop_task(task).await;
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut reloadable = reload::Reloadable {
+            running: config.clone(),
+            ledger: &reload_ledger,
+            bucket: &reload_bucket,
+            coordinator: coordinator.as_ref(),
+            rules: &rules,
+            metrics: reload_metrics.as_ref(),
+        };
+        loop {
+            tokio::select! {
+                result = &mut serving => {
+                    stop_task(sweeper).await;
+                    stop_task(store_health).await;
+                    if let Some(task) = coordination_health {
+                        stop_task(task).await;
+                    }
+                    return result.map_err(Into::into);
                 }
-                return result.map_err(Into::into);
+                () = &mut shutdown => break,
+                reload = next_reload(&mut reloads) => reloadable.apply(reload),
             }
-            () = shutdown => {}
         }
+        drop(reloadable);
+        drop(reload_ledger);
 
         tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
         draining.start();
@@ -265,6 +305,18 @@ async fn serve_with<S: Store>(
     result
 }
 
+/// The next configuration `reloads` brings; never, once there is no
+/// sender (or no channel at all).
+async fn next_reload(reloads: &mut Option<mpsc::UnboundedReceiver<Reload>>) -> Reload {
+    if let Some(channel) = reloads {
+        if let Some(reload) = channel.recv().await {
+            return reload;
+        }
+        *reloads = None;
+    }
+    std::future::pending().await
+}
+
 /// Binds `addr` and serves the metrics there until `stop`: the bucket's,
 /// the store's and the coordination's figures read at each scrape, and
 /// each group commit observed as it happens.
@@ -289,10 +341,11 @@ async fn start_metrics<S: Store>(
         }),
         coordination: coordinator.map(Coordinator::state),
     };
-    let toml = config.to_toml().unwrap_or_default();
-    let hash = sha2::Sha256::digest(toml.as_bytes());
-    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-    let metrics = Metrics::new(&hex, sources, config.metrics.top_tenants);
+    let metrics = Metrics::new(
+        &reload::config_sha256(config),
+        sources,
+        config.metrics.top_tenants,
+    );
     if let Some(stats) = ledger.store().commit_stats() {
         let observer = metrics.clone();
         stats.observe(Box::new(move |saves, took| {

@@ -313,6 +313,12 @@ impl FairShares {
         }
     }
 
+    /// Sets the tokens each success deposits from now on (a reload).
+    pub fn set_success_deposit(&mut self, success_deposit: f64) {
+        self.success_deposit = success_deposit;
+        self.deposit = (success_deposit * self.token as f64).min(NANOS_LIMIT as f64) as Nanos;
+    }
+
     /// Adds the configured `success_deposit` to the bucket (up to `burst`).
     pub fn deposit_success(&mut self, now: Duration) {
         if self.closed.is_some() {

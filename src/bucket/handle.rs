@@ -100,6 +100,11 @@ impl FairBucket {
         admission
     }
 
+    /// Sets the tokens each recorded success deposits from now on.
+    pub fn set_success_deposit(&self, success_deposit: f64) {
+        self.lock().set_success_deposit(success_deposit);
+    }
+
     /// Enforces deferrals, or only computes them (shadow mode), from now on.
     pub fn set_mode(&self, mode: BucketMode) {
         self.shared

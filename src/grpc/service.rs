@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use tonic::{Request, Response, Status};
 
@@ -53,7 +54,7 @@ pub struct RetryBudgetService<S> {
     bucket: Option<FairBucket>,
     /// The classification rules: the operator's overrides, then the
     /// defaults.
-    rules: Arc<RuleSet>,
+    rules: Arc<ArcSwap<RuleSet>>,
     /// Where decisions are counted, when metrics are on.
     metrics: Option<Metrics>,
 }
@@ -65,7 +66,7 @@ impl<S> RetryBudgetService<S> {
         ledger: Arc<Ledger<S>>,
         draining: Draining,
         bucket: Option<FairBucket>,
-        rules: Arc<RuleSet>,
+        rules: Arc<ArcSwap<RuleSet>>,
     ) -> Self {
         Self {
             ledger,
@@ -108,20 +109,27 @@ fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, Budg
 }
 
 impl<S: Store> RetryBudgetService<S> {
-    /// The class of a reported failure: the worker's own, else what the
-    /// rules make of the raw failure (with the rule that matched).
+    /// The class of a reported failure: the worker's own, else what
+    /// `rules` (the version in force when the request came, see
+    /// [`Self::rules`]) make of the raw failure, with the rule that matched.
     fn classify<'a>(
-        &'a self,
+        rules: &'a RuleSet,
         req: &pb::NextActionRequest,
         tenant: &str,
     ) -> Result<(ErrorClass, Option<&'a str>), Status> {
         Ok(match (&req.error, req.error_class) {
             (Some(detail), 0) => {
-                let c = self.rules.classify(&convert::failure(detail, tenant));
+                let c = rules.classify(&convert::failure(detail, tenant));
                 (c.class, Some(c.rule))
             }
             (_, class) => (convert::error_class(class)?, None),
         })
+    }
+
+    /// The classification rules in force now. A reload replaces them; a
+    /// request keeps the version it started with.
+    fn rules(&self) -> Arc<RuleSet> {
+        self.rules.load_full()
     }
 
     /// `NextAction`: the pure form answered, or the durable form's wait.
@@ -156,7 +164,8 @@ impl<S: Store> RetryBudgetService<S> {
         budget: &pb::Budget,
         req: &pb::NextActionRequest,
     ) -> Result<pb::NextActionResponse, Status> {
-        let (class, rule) = self.classify(req, tenant)?;
+        let rules = self.rules();
+        let (class, rule) = Self::classify(&rules, req, tenant)?;
         let report = PureReport {
             budget: Budget {
                 attempts: budget.attempts,
@@ -204,13 +213,15 @@ impl<S: Store> RetryBudgetService<S> {
             activity_id: std::mem::take(&mut req.activity_id),
         };
         let tried = {
-            let report = self.durable_report(&key, &req)?;
+            let rules = self.rules();
+            let report = self.durable_report(&rules, &key, &req)?;
             self.ledger
                 .try_report(&key, &report, slot.as_ref(), now_ms(), dry_run)
         };
         let Some(unsaved) = tried else {
             return Ok(Box::pin(async move {
-                let report = self.durable_report(&key, &req)?;
+                let rules = self.rules();
+                let report = self.durable_report(&rules, &key, &req)?;
                 let decided = self
                     .ledger
                     .report(&key, &report, slot.as_ref(), now_ms(), dry_run)
@@ -231,11 +242,12 @@ impl<S: Store> RetryBudgetService<S> {
     /// The report of a durable `NextAction` on `key`, once the request is
     /// checked (its activity id is in `key`).
     fn durable_report<'r>(
-        &'r self,
+        &self,
+        rules: &'r RuleSet,
         key: &ActivityKey,
         req: &'r pb::NextActionRequest,
     ) -> Result<Report<'r>, Status> {
-        let (class, rule) = self.classify(req, &key.tenant)?;
+        let (class, rule) = Self::classify(rules, req, &key.tenant)?;
         let occurred_at_ms = occurred_at(req)?;
         validate_activity_id(&key.activity_id)?;
         validate_workflow_id(&req.workflow_id)?;
@@ -379,7 +391,7 @@ mod tests {
     #[tokio::test]
     async fn a_next_action_future_holds_its_answer_or_its_wait_and_not_the_request() {
         let (_dir, ledger) = crate::ledger::tests::ledger();
-        let rules = Arc::new(RuleSet::new(Vec::new()).unwrap());
+        let rules = Arc::new(ArcSwap::from_pointee(RuleSet::new(Vec::new()).unwrap()));
         let service = RetryBudgetService::new(ledger, Draining::default(), None, rules);
         let request = |budget| {
             let mut request = Request::new(pb::NextActionRequest {

@@ -458,3 +458,30 @@ proptest::proptest! {
         }
     }
 }
+
+/// A reload that widens the bucket: a slot booked before stays booked, and
+/// the next request is granted at the new rate at once.
+#[test]
+fn a_wider_capacity_grants_at_once_and_keeps_what_was_booked() {
+    let config = BucketConfig {
+        rate: 1.0,
+        burst: 1,
+        max_reservation_ms: 60_000,
+        ..BucketConfig::default()
+    };
+    let mut b = FairShares::new(&config).unwrap();
+    let t = Duration::from_secs(10);
+    assert_eq!(b.admit("acme", t, Duration::MAX), Admission::Granted);
+    assert!(matches!(
+        b.admit("acme", t, Duration::MAX),
+        Admission::Deferred { .. }
+    ));
+    let wide = BucketConfig {
+        rate: 1000.0,
+        burst: 1000,
+        ..config
+    };
+    b.set_capacity(&Capacity::from_config(&wide), t);
+    let after = b.admit("acme", t + Duration::from_millis(5), Duration::MAX);
+    assert_eq!(after, Admission::Granted, "{after:?}");
+}

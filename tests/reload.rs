@@ -1,0 +1,187 @@
+//! SIGHUP reloads the configuration file into the running binary: the
+//! bucket's rate, burst and mode, classification rules; tokens granted and
+//! slots booked before it survive; a bad file keeps the running
+//! configuration, says which key is at fault, and is counted.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{pb, report, with_tenant};
+use pb::retry_budget_client::RetryBudgetClient;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const NARROW: &str = "[bucket]\nrate = 1.0\nburst = 1\nmax_reservation_ms = 60000\n";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// The binary on `config`, its address, and its log lines.
+async fn spawn(
+    config: &Path,
+    data: &Path,
+    metrics: u16,
+) -> (Child, String, mpsc::UnboundedReceiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
+        .arg("--config")
+        .arg(config)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .env_remove("RETRY_BUDGET_CONFIG")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = loop {
+        let line = rx.recv().await.expect("the server exited before serving");
+        if line.contains("serving")
+            && let Some(rest) = line.split("addr=").nth(1)
+        {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    (child, format!("http://{addr}"), rx)
+}
+
+/// Sends SIGHUP and waits for the log line that says how it went.
+async fn hangup(child: &Child, log: &mut mpsc::UnboundedReceiver<String>) -> String {
+    let pid = child.id().unwrap().to_string();
+    let sent = Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(sent.success());
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let line = log.recv().await.expect("the server is running");
+            if line.contains("configuration reloaded") || line.contains("reload refused") {
+                return line;
+            }
+        }
+    })
+    .await
+    .expect("the reload is logged")
+}
+
+async fn scrape(port: u16) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    text
+}
+
+fn ask(id: &str) -> tonic::Request<pb::NextActionRequest> {
+    with_tenant(report(id, 1, pb::ErrorClass::Transient), "acme")
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_bucket_and_rules_and_a_bad_file_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, NARROW).unwrap();
+    let port = free_port();
+    let (child, url, mut log) = spawn(&config, &dir.path().join("data"), port).await;
+    let mut client = RetryBudgetClient::connect(url).await.unwrap();
+
+    // One token: the second retry is deferred, a slot booked for it.
+    let a = client.next_action(ask("a")).await.unwrap().into_inner();
+    assert_eq!(a.action, pb::Action::ScheduleRetry as i32);
+    let b = client.next_action(ask("b")).await.unwrap().into_inner();
+    assert_eq!(b.action, pb::Action::Deferred as i32, "{b:?}");
+    assert!(b.token_taken, "a slot is booked: {b:?}");
+
+    // A wide bucket and a rule that makes a 409 permanent.
+    std::fs::write(
+        &config,
+        "[bucket]\nrate = 1000.0\nburst = 1000\nmax_reservation_ms = 60000\n\n\
+         [[classification.rules]]\nname = \"conflict_is_permanent\"\nhttp_status = 409\nclass = \"permanent\"\n",
+    )
+    .unwrap();
+    let said = hangup(&child, &mut log).await;
+    assert!(said.contains("configuration reloaded"), "{said}");
+    // The bucket does not fill to its new burst at once: it refills at the
+    // new rate, after paying for the slot booked at the old one.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let c = client.next_action(ask("c")).await.unwrap().into_inner();
+    assert_eq!(
+        c.action,
+        pb::Action::ScheduleRetry as i32,
+        "the new rate: {c:?}"
+    );
+    let mut conflict = report("d", 1, pb::ErrorClass::Unspecified);
+    conflict.error = Some(pb::ErrorDetail {
+        http_status: 409,
+        ..Default::default()
+    });
+    let d = client
+        .next_action(with_tenant(conflict, "acme"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (d.code.as_str(), d.rule.as_str()),
+        ("fail_permanent", "conflict_is_permanent")
+    );
+    // The slot booked before the reload is still b's: asked again at its
+    // time, the retry goes on it.
+    let at = common::ms(&b.not_before.unwrap());
+    let wait = (at - retry_budget::clock::now_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait + 50)).await;
+    let b_again = client.next_action(ask("b")).await.unwrap().into_inner();
+    assert_eq!(
+        b_again.action,
+        pb::Action::ScheduleRetry as i32,
+        "{b_again:?}"
+    );
+    assert!(b_again.token_taken);
+
+    // A file that does not validate: refused, naming the key; nothing changes.
+    std::fs::write(&config, "[bucket]\nrate = -5.0\n").unwrap();
+    let said = hangup(&child, &mut log).await;
+    assert!(
+        said.contains("reload refused") && said.contains("bucket"),
+        "{said}"
+    );
+    let e = client.next_action(ask("e")).await.unwrap().into_inner();
+    assert_eq!(
+        e.action,
+        pb::Action::ScheduleRetry as i32,
+        "still the wide bucket: {e:?}"
+    );
+
+    let text = scrape(port).await;
+    assert!(
+        text.contains("retry_budget_config_reloads_total{result=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("retry_budget_config_reloads_total{result=\"failed\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("retry_budget_bucket_rate 1000"), "{text}");
+}

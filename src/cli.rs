@@ -32,6 +32,8 @@ pub const ENV_REPLICA_ID: &str = "RETRY_BUDGET_REPLICA_ID";
 pub const ENV_COORDINATION_INTERVAL: &str = "RETRY_BUDGET_COORDINATION_INTERVAL";
 /// Environment variable naming the metrics' address.
 pub const ENV_METRICS_LISTEN: &str = "RETRY_BUDGET_METRICS_LISTEN";
+/// Environment variable choosing the log format.
+pub const ENV_LOG_FORMAT: &str = "RETRY_BUDGET_LOG_FORMAT";
 /// Environment variable naming the server the client commands talk to.
 pub const ENV_SERVER: &str = "RETRY_BUDGET_SERVER";
 
@@ -73,6 +75,11 @@ pub struct ServeArgs {
     /// Print the configuration in force as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// How log lines are written to stderr: `text` for people, `json` (one
+    /// object a line, the request's fields flattened) for a log pipeline.
+    /// Not a file key: logging starts before the file is read.
+    #[arg(long, env = ENV_LOG_FORMAT, default_value = "text")]
+    pub log_format: LogFormat,
     /// Address to listen on [server.listen].
     #[arg(long, env = ENV_LISTEN)]
     pub listen: Option<SocketAddr>,
@@ -257,6 +264,16 @@ impl ServeArgs {
             bucket.weights.insert(tenant.clone(), *weight);
         }
     }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Lines for people.
+    #[default]
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 fn parse_weight(s: &str) -> Result<(String, u32), String> {

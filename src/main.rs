@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use retry_budget::cli::{Cli, Command};
+use retry_budget::cli::{Cli, Command, LogFormat};
 use retry_budget::store::RuntimeIdle;
 use tracing_subscriber::EnvFilter;
 
@@ -64,13 +64,23 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
         Some(Command::Serve(args)) => *args,
         Some(other) => return retry_budget::cli::run_client(other).await,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match serve.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // The event's fields at the top level of each object, so that a log
+        // pipeline finds `tenant`, `activity`, `trace_id` by name.
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
     if !cfg!(tokio_unstable) {
         tracing::warn!(
             "built without --cfg tokio_unstable (RUSTFLAGS replaces .cargo/config.toml): \

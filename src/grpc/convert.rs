@@ -283,8 +283,47 @@ pub(super) fn decision_labels(response: &pb::NextActionResponse) -> DecisionLabe
     }
 }
 
+/// The trace id of a W3C `traceparent` header
+/// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`), when the
+/// request has a valid one; an all-zero id is not one.
+pub(super) fn trace_id(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    let header = metadata.get("traceparent")?.to_str().ok()?;
+    let mut parts = header.split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let valid = hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && hex(flags, 2);
+    valid.then_some(trace)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_traceparent_gives_its_trace_id_and_a_malformed_one_none() {
+        let with = |value: &str| {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert("traceparent", value.parse().unwrap());
+            super::trace_id(&metadata).map(str::to_owned)
+        };
+        assert_eq!(
+            with("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "nonsense",
+        ] {
+            assert_eq!(with(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -91,11 +91,20 @@ impl<S> RetryBudgetService<S> {
         }
     }
 
-    /// The response to a decision of the ledger, counted.
-    fn answer(&self, decided: Decided, dry_run: bool) -> Response<pb::NextActionResponse> {
+    /// The response to a decision of the ledger, counted, and logged when
+    /// decisions are (`log`).
+    fn answer(
+        &self,
+        decided: Decided,
+        dry_run: bool,
+        log: Option<&DecisionLog>,
+    ) -> Response<pb::NextActionResponse> {
         let mut response = pb::NextActionResponse::from(decided);
         response.dry_run = dry_run;
         self.observe(&response);
+        if let Some(log) = log {
+            log_decision(&log.tenant, &log.activity, log.trace.as_deref(), &response);
+        }
         Response::new(response)
     }
 }
@@ -139,6 +148,10 @@ impl<S: Store> RetryBudgetService<S> {
     ) -> Result<Answer<'_>, Status> {
         self.draining.check()?;
         let (metadata, mut extensions, req) = request.into_parts();
+        // Read only when decisions are logged: a worker's trace id finds
+        // its decision in the log.
+        let trace = tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG)
+            .then(|| convert::trace_id(&metadata).map(str::to_owned));
         let slot = extensions.remove::<PermitSlot>();
         // The token layer read and checked the tenant when it gave the
         // request a slot; without one (no layer, or an invalid id) the
@@ -149,10 +162,13 @@ impl<S: Store> RetryBudgetService<S> {
         };
         if let Some(budget) = &req.budget {
             let response = self.next_action_pure(tenant, slot.as_ref(), budget, &req)?;
+            if let Some(trace) = trace {
+                log_decision(tenant, &req.activity_id, trace.as_deref(), &response);
+            }
             return Ok(Box::pin(ready(Ok(Response::new(response)))));
         }
         let tenant = tenant.to_owned();
-        self.next_action_durable(tenant, slot, req)
+        self.next_action_durable(tenant, slot, req, trace)
     }
 
     /// `NextAction` with a `budget`: decided by the core on the budget as
@@ -206,12 +222,22 @@ impl<S: Store> RetryBudgetService<S> {
         tenant: String,
         slot: Option<PermitSlot>,
         mut req: pb::NextActionRequest,
+        trace: Option<Option<String>>,
     ) -> Result<Answer<'_>, Status> {
         let dry_run = req.dry_run;
         let key = ActivityKey {
             tenant,
             activity_id: std::mem::take(&mut req.activity_id),
         };
+        // Boxed, and only when decisions are logged: the future that waits
+        // for the fsync stays as small as without logging.
+        let log = trace.map(|trace| {
+            Box::new(DecisionLog {
+                tenant: key.tenant.clone(),
+                activity: key.activity_id.clone(),
+                trace,
+            })
+        });
         let tried = {
             let rules = self.rules();
             let report = self.durable_report(&rules, &key, &req)?;
@@ -226,16 +252,20 @@ impl<S: Store> RetryBudgetService<S> {
                     .ledger
                     .report(&key, &report, slot.as_ref(), now_ms(), dry_run)
                     .await?;
-                Ok(self.answer(decided, dry_run))
+                Ok(self.answer(decided, dry_run, log.as_deref()))
             }));
         };
         match self.ledger.save(unsaved?).now() {
-            Ok(decided) => Ok(Box::pin(ready(Ok(self.answer(decided, dry_run))))),
-            Err(saving) => Ok(Box::pin(
-                saving
-                    .durable()
-                    .map(move |decided| Ok(self.answer(decided?, dry_run))),
-            )),
+            Ok(decided) => Ok(Box::pin(ready(Ok(self.answer(
+                decided,
+                dry_run,
+                log.as_deref(),
+            ))))),
+            Err(saving) => {
+                Ok(Box::pin(saving.durable().map(move |decided| {
+                    Ok(self.answer(decided?, dry_run, log.as_deref()))
+                })))
+            }
         }
     }
 
@@ -261,6 +291,42 @@ impl<S: Store> RetryBudgetService<S> {
             workflow_id: &req.workflow_id,
         })
     }
+}
+
+/// The target of the per-decision log lines, at debug level: turned on
+/// with `RUST_LOG=info,retry_budget::decision=debug`.
+pub const DECISION_LOG: &str = "retry_budget::decision";
+
+/// Who and what a logged decision is about.
+struct DecisionLog {
+    tenant: String,
+    activity: String,
+    /// The worker's trace id, when its request carried a `traceparent`.
+    trace: Option<String>,
+}
+
+/// One line per `NextAction` answer, when [`DECISION_LOG`] is on: who,
+/// which activity and attempt, what was decided, and the trace id of the
+/// worker's `traceparent`, so a decision can be found from a trace.
+fn log_decision(
+    tenant: &str,
+    activity: &str,
+    trace: Option<&str>,
+    response: &pb::NextActionResponse,
+) {
+    tracing::debug!(
+        target: DECISION_LOG,
+        method = "NextAction",
+        tenant,
+        activity,
+        attempt = response.attempt,
+        code = %response.code,
+        replayed = response.replayed,
+        delay_ms = response.delay_ms,
+        defer_reason = %response.defer_reason,
+        trace_id = trace.unwrap_or_default(),
+        "decision"
+    );
 }
 
 /// What `NextAction` returns: a future boxed once, by us rather than by

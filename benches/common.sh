@@ -61,6 +61,13 @@ bench_setup() {
   LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 }
 
+# SERVER_FLAGS (environment, space-separated) fills SERVER_ARGS for a
+# script that does not set it, e.g. SERVER_FLAGS="--metrics-listen
+# 127.0.0.1:0" benches/profile.sh health to profile with metrics on.
+if [ -z "${SERVER_ARGS+set}" ] && [ -n "${SERVER_FLAGS:-}" ]; then
+  read -ra SERVER_ARGS <<<"$SERVER_FLAGS"
+fi
+
 bench_serve() {
   local log=$1 port=$2 data=$3
   shift 3

@@ -374,3 +374,26 @@ async fn tls_to_the_database_verifies_its_certificate() {
         "{refused}"
     );
 }
+
+/// One replica sweeps at a time: the sweep's lease is held by whoever took
+/// it until it lapses (by the database's clock), renewed by its holder, and
+/// taken by another only after that.
+#[tokio::test]
+async fn only_one_replica_holds_the_sweep_at_a_time() {
+    let Some(db) = TestDb::create("sweep_lease").await else {
+        return;
+    };
+    let a = PgStore::open(&options(&db.url)).unwrap();
+    let b = PgStore::open(&options(&db.url)).unwrap();
+    let ttl = Duration::from_millis(400);
+    assert!(a.claim_sweep("a", ttl).await.unwrap(), "free: a takes it");
+    assert!(!b.claim_sweep("b", ttl).await.unwrap(), "held by a");
+    assert!(
+        a.claim_sweep("a", ttl).await.unwrap(),
+        "its holder renews it"
+    );
+    assert!(!b.claim_sweep("b", ttl).await.unwrap(), "still a's");
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    assert!(b.claim_sweep("b", ttl).await.unwrap(), "lapsed: b takes it");
+    assert!(!a.claim_sweep("a", ttl).await.unwrap(), "now b's");
+}

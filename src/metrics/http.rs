@@ -12,8 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
 
-/// The content type of Prometheus' text format.
-const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of what `prometheus-client` writes: OpenMetrics text
+/// (its `info` type and `# EOF` are not in Prometheus' older text format,
+/// whose parser would refuse the whole scrape).
+const TEXT_FORMAT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves `metrics` on `listener` until `stop` is cancelled: `GET /metrics`
 /// the text format, anything else 404.

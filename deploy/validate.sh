@@ -17,7 +17,17 @@
 #     compose runs it and as a test with loopback replicas would;
 #   - deploy/compose.yaml and deploy/compose-postgres.yaml with
 #     `docker-compose config` or `docker compose config`.
-# A missing haproxy or compose tool skips its checks, and says so.
+#   - deploy/prometheus/: `promtool check rules` and `promtool test rules`
+#     (the alerts' unit tests), `promtool check config` of the example
+#     prometheus.yml; deploy/grafana/check.py on the dashboard (its form,
+#     panels and datasource input) and on every metric name the dashboard
+#     and the rules use; and, where the debug binary is built
+#     (target/debug/retry-budget, after cargo test), a real Prometheus
+#     scraping a real server, which must be up, and running every query of
+#     the dashboard and the rules (deploy/prometheus/scrape_check.py).
+#     (`promtool check metrics` is not used: it reads only the classic text
+#     format, and the server writes OpenMetrics, with an info type.)
+# A missing haproxy, compose tool or promtool skips its checks, and says so.
 # Ends with "deploy-validate: N passed, M failed"; exits non-zero on a failure.
 #
 #   bash deploy/validate.sh      # K8S_VERSIONS="1.27.0 1.37.0" by default
@@ -99,6 +109,62 @@ else
       fail "${compose[*]} -f $file config -q"
     fi
   done
+fi
+
+# --- prometheus and grafana -------------------------------------------------------------
+# check.py needs only python3; the rest needs promtool (Debian's prometheus).
+if out=$(python3 deploy/grafana/check.py 2>&1); then
+  echo "$out"
+  pass "the dashboard and the rules name only metrics the service exports (deploy/grafana/check.py)"
+else
+  echo "$out" >&2
+  fail "the dashboard and the rules name only metrics the service exports (deploy/grafana/check.py)"
+fi
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "skip - deploy/prometheus/: promtool is not installed (Debian package prometheus)"
+else
+  version=$(promtool --version 2>&1 | sed -n '1s/^promtool, version \([^ ]*\).*/\1/p')
+  for check in "check rules deploy/prometheus/retry-budget.rules.yaml" \
+    "test rules deploy/prometheus/retry-budget.rules.test.yaml" \
+    "check config deploy/prometheus/prometheus.yml"; do
+    # $check unquoted: promtool's subcommand and file, as words.
+    # shellcheck disable=SC2086
+    if out=$(promtool $check 2>&1); then
+      pass "promtool $check (promtool $version)"
+    else
+      echo "$out" >&2
+      fail "promtool $check (promtool $version)"
+    fi
+  done
+  server=target/debug/retry-budget
+  if [[ ! -x $server ]] || ! command -v prometheus >/dev/null 2>&1; then
+    echo "skip - a real Prometheus scraping the server: $server or prometheus is missing"
+  else
+    scratch=$(mktemp -d)
+    free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+    metrics_port=$(free_port)
+    prom_port=$(free_port)
+    "$server" --listen 127.0.0.1:0 --data-dir "$scratch/data" --metrics-listen "127.0.0.1:$metrics_port" \
+      --drain-delay 0s 2>"$scratch/server.log" &
+    server_pid=$!
+    printf '%s\n' "global: {scrape_interval: 1s, evaluation_interval: 1s}" \
+      "rule_files: [$PWD/deploy/prometheus/retry-budget.rules.yaml]" \
+      "scrape_configs: [{job_name: retry-budget, static_configs: [{targets: ['127.0.0.1:$metrics_port']}]}]" \
+      >"$scratch/prometheus.yml"
+    prometheus --config.file="$scratch/prometheus.yml" --storage.tsdb.path="$scratch/tsdb" \
+      --web.listen-address="127.0.0.1:$prom_port" >"$scratch/prometheus.log" 2>&1 &
+    prom_pid=$!
+    if out=$(python3 deploy/prometheus/scrape_check.py "http://127.0.0.1:$prom_port" 2>&1); then
+      echo "$out"
+      pass "Prometheus $version scrapes $server and runs the dashboard's and the rules' queries"
+    else
+      echo "$out" >&2
+      fail "Prometheus $version scrapes $server and runs the dashboard's and the rules' queries"
+    fi
+    kill "$prom_pid" "$server_pid" 2>/dev/null || true
+    wait "$prom_pid" "$server_pid" 2>/dev/null || true
+    rm -rf "$scratch"
+  fi
 fi
 
 echo "deploy-validate: $PASSED passed, $FAILED failed"

@@ -52,6 +52,12 @@
 //!   `--activities` preloaded activities: each request reports the next
 //!   attempt of one drawn uniformly among them, so reads hit old rows
 //!   (`--attempts-file` carries the attempts from one run to the next).
+//! - `mixed`: durable reports, deferrals and successes over `--tenants`
+//!   tenants: each virtual client reports `--attempts` failures of an
+//!   activity, then its success, and waits out a deferral's `not_before`
+//!   (by the wall clock) while it goes on with other activities; every
+//!   answer must be a fresh scheduled retry or a deferral (`benches/soak.sh`,
+//!   with a retry rate below the retries sent).
 //! - `preload`: reports first failures for `--activities` distinct
 //!   activities as fast as it can: over gRPC, or, with `--data-dir`, straight
 //!   into the store of a stopped server (much faster), or, with
@@ -75,6 +81,7 @@
 
 mod conn;
 mod drive;
+mod mixed;
 mod preload;
 mod probe;
 mod raw;
@@ -139,6 +146,9 @@ struct Args {
     /// Durable scenario: the attempts each activity is walked through.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     attempts: u32,
+    /// Mixed: tenants `t0000` to `t{N-1}`, one drawn for each activity.
+    #[arg(long, default_value_t = 1000)]
+    tenants: u64,
     /// The tenant of durable reports (`x-tenant-id`).
     #[arg(long, default_value = "bench")]
     tenant: String,
@@ -190,6 +200,7 @@ enum Scenario {
     PureNextAction,
     DurableNextAction,
     StoredNextAction,
+    Mixed,
     NewActivities,
     Preload,
     Fsync,
@@ -290,6 +301,10 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
             attempts: args.attempts,
         },
         Scenario::StoredNextAction => Kind::Stored,
+        Scenario::Mixed => Kind::Mixed {
+            attempts: args.attempts,
+            tenants: args.tenants,
+        },
     };
     if args.concurrency == 0 || args.connections == 0 {
         return Err(LoadgenError::Invalid(
@@ -355,6 +370,10 @@ async fn run(args: &Args) -> Result<Value, LoadgenError> {
     report["duration_s"] = json!(args.duration.as_secs_f64());
     if let Kind::Durable { attempts } = kind {
         report["attempts_per_activity"] = json!(attempts);
+    }
+    if let Kind::Mixed { attempts, tenants } = kind {
+        report["attempts_per_activity"] = json!(attempts);
+        report["tenants"] = json!(tenants);
     }
     if let Some(stored) = &stored {
         stored.save()?;

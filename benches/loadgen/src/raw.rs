@@ -100,7 +100,7 @@ impl Prepared {
                 framed(&scenario::pure_next_action_request()),
                 |bytes| scenario::check_pure_next_action(&decode(bytes)?),
             ),
-            Kind::Durable { .. } | Kind::Stored => {
+            Kind::Durable { .. } | Kind::Stored | Kind::Mixed { .. } => {
                 return Err("--client h2 sends the same request every time: health, \
                      retry-delay or pure-next-action"
                     .into());

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::conn::Conn;
+use crate::mixed::Mixed;
 use crate::raw::RawClient;
 use crate::stored::{Rng, Stored};
 use prost_types::Timestamp;
@@ -61,6 +62,14 @@ pub enum Kind {
     /// `NextAction` in its durable form: the next attempt of a uniformly
     /// random activity among those already stored ([`crate::stored`]).
     Stored,
+    /// Durable reports, deferrals waited out and successes over many
+    /// tenants ([`crate::mixed`]).
+    Mixed {
+        /// Failures reported an activity before its success.
+        attempts: u32,
+        /// Tenants drawn among.
+        tenants: u64,
+    },
 }
 
 /// The health scenario's request: the server's overall status.
@@ -177,6 +186,8 @@ pub struct VirtualClient {
     walk: Walk,
     /// The stored activities, for [`Kind::Stored`], and this client's draw.
     stored: Option<(Arc<Stored>, Rng)>,
+    /// This client's activities, for [`Kind::Mixed`].
+    mixed: Option<Mixed>,
 }
 
 /// How a virtual client sends: tonic's generated clients, or the same
@@ -218,6 +229,15 @@ impl VirtualClient {
                 occurred_at: now(),
             },
             stored: None,
+            mixed: match kind {
+                Kind::Mixed { attempts, tenants } => {
+                    let seed = prefix.bytes().fold(0u64, |h, b| {
+                        h.wrapping_mul(0x100_0000_01B3).wrapping_add(u64::from(b))
+                    });
+                    Some(Mixed::new(prefix, attempts, tenants, seed))
+                }
+                _ => None,
+            },
         }
     }
 
@@ -268,6 +288,12 @@ impl VirtualClient {
                     return Err("no_stored_activities".into());
                 };
                 stored_report(&mut tonic.budget, &self.tenant, stored, rng).await
+            }
+            Kind::Mixed { .. } => {
+                let Some(mixed) = &mut self.mixed else {
+                    return Err("no_mixed_state".into());
+                };
+                mixed.call(&mut tonic.budget).await
             }
         }
     }

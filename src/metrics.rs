@@ -17,7 +17,7 @@ mod collect;
 mod http;
 mod rpc;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -31,6 +31,19 @@ pub use self::collect::Sources;
 pub use self::http::serve;
 pub use self::rpc::{RpcMetrics, RpcMetricsLayer};
 use crate::budget::codes;
+
+/// The actions a decision can have, as their proto names, the most
+/// frequent first; the last stands for any other.
+const ACTIONS: [&str; 8] = [
+    "ACTION_SCHEDULE_RETRY",
+    "ACTION_DEFERRED",
+    "ACTION_ATTEMPTS_EXHAUSTED",
+    "ACTION_DEADLINE_EXCEEDED",
+    "ACTION_FAIL_PERMANENT",
+    "ACTION_MANUAL_REVIEW",
+    "ACTION_UNSPECIFIED",
+    "other",
+];
 
 /// Labels of a counter keyed by static strings.
 type Labels1 = [(&'static str, &'static str); 1];
@@ -47,6 +60,9 @@ struct Inner {
     registry: Registry,
     rpc: RpcMetrics,
     decisions: Family<Labels2, Counter>,
+    /// The decision counters by action and code index, found without
+    /// hashing labels: `[action * codes + code]`.
+    decision_cells: Vec<OnceLock<Counter>>,
     deferrals: Family<Labels1, Counter>,
     would_defer: Family<Labels1, Counter>,
     replays: Counter,
@@ -134,6 +150,9 @@ impl Metrics {
                 registry,
                 rpc,
                 decisions,
+                decision_cells: (0..ACTIONS.len() * (codes::ALL.len() + 1))
+                    .map(|_| OnceLock::new())
+                    .collect(),
                 deferrals,
                 would_defer,
                 replays,
@@ -154,12 +173,22 @@ impl Metrics {
     /// Counts one `NextAction` answer.
     pub fn decision(&self, answer: &DecisionLabels<'_>) {
         let inner = &self.inner;
-        inner
-            .decisions
-            .get_or_create(&[
-                ("action", answer.action),
-                ("code", codes::intern(answer.code)),
-            ])
+        let action = ACTIONS
+            .iter()
+            .position(|a| *a == answer.action)
+            .unwrap_or(ACTIONS.len() - 1);
+        let code = codes::ALL
+            .iter()
+            .position(|c| *c == answer.code)
+            .unwrap_or(codes::ALL.len());
+        inner.decision_cells[action * (codes::ALL.len() + 1) + code]
+            .get_or_init(|| {
+                let code = codes::ALL.get(code).copied().unwrap_or("other");
+                inner
+                    .decisions
+                    .get_or_create(&[("action", ACTIONS[action]), ("code", code)])
+                    .clone()
+            })
             .inc();
         if answer.policy_conflict {
             inner.conflicts.get_or_create(&[("kind", "policy")]).inc();

@@ -29,7 +29,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 pub use self::collect::Sources;
 pub use self::http::serve;
-pub use self::rpc::{RpcMetrics, RpcMetricsLayer};
+pub use self::rpc::{ResponseFuture, RpcMetrics, RpcMetricsLayer, RpcMetricsService};
 use crate::budget::codes;
 
 /// The actions a decision can have, as their proto names, the most

@@ -14,15 +14,17 @@
 //!   conflicts; replicas sharing a database do.
 
 pub mod codec;
+mod commit_stats;
 pub mod copy;
 mod journal;
 mod postgres;
 mod redb;
 
+pub use self::commit_stats::{CommitObserver, CommitStats};
 pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
 #[doc(hidden)]
 pub use self::redb::CheckpointFault;
-pub use self::redb::{CommitObserver, CommitStats, RedbStore, RedbStoreOptions, RuntimeIdle};
+pub use self::redb::{RedbStore, RedbStoreOptions, RuntimeIdle};
 
 use std::error::Error;
 use std::future::Future;

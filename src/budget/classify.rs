@@ -53,7 +53,7 @@ mod defaults;
 mod failure;
 #[cfg(test)]
 mod fixtures;
-mod grpc;
+pub mod grpc;
 mod spec;
 
 use std::borrow::Cow;

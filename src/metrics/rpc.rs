@@ -25,25 +25,7 @@ use tower::{Layer, Service};
 use crate::budget::codes;
 
 /// gRPC's status codes by number, as Prometheus labels.
-const STATUS: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
+use crate::budget::classify::grpc::NAMES as STATUS;
 
 /// The methods the server hosts, by path; anything else is `other`.
 const METHODS: [(&str, &str, &str); 10] = [

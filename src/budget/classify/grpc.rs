@@ -1,7 +1,8 @@
 //! `google.rpc.Code` numbers the default policy names, and every code's name
 //! as an operator may write it in a rule. Apart because the default table,
 //! the matcher (which reads codes outside 0-16 as `UNKNOWN`) and the rule
-//! parser all need them.
+//! parser all need them (and the metrics, for their status label).
+#![allow(missing_docs)]
 
 pub const CANCELLED: u8 = 1;
 pub const UNKNOWN: u8 = 2;

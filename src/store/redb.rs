@@ -68,7 +68,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::Either;
-use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTableMetadata};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use tokio::sync::oneshot;
 
 use self::backlog::Backlog;
@@ -323,8 +323,7 @@ impl RedbStore {
         let start = after.map_or(Bound::Unbounded, |k| {
             Bound::Excluded((k.tenant.as_str(), k.activity_id.as_str()))
         });
-        let rows = table
-            .range::<(&str, &str)>((start, Bound::Unbounded))
+        let rows = ReadableTable::range::<(&str, &str)>(&table, (start, Bound::Unbounded))
             .map_err(backend("scan"))?;
         let mut records = Vec::with_capacity(limit.min(4096));
         for row in rows.take(limit) {
@@ -371,11 +370,15 @@ impl RedbStore {
         if let Some(record) = pending {
             return Ok(Some(ActivityRecord::clone(&record)));
         }
-        let Some(value) = self
-            .shared
-            .snapshot()
-            .get((key.tenant.as_str(), key.activity_id.as_str()))
-            .map_err(backend("read a record"))?
+        // The snapshot is held until the value is decoded. `ReadableTable::get`
+        // borrows the table, so the compiler checks it: `ReadOnlyTable`'s own
+        // `get` hands out a guard that outlives its read transaction, and a
+        // commit may free (and a later one reuse) the page it points into
+        // once the snapshot it came from is replaced.
+        let snapshot = self.shared.snapshot();
+        let Some(value) =
+            ReadableTable::get(&*snapshot, (key.tenant.as_str(), key.activity_id.as_str()))
+                .map_err(backend("read a record"))?
         else {
             return Ok(None);
         };

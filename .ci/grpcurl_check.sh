@@ -84,7 +84,7 @@ for _try in 1 2 3; do
   up=""
   for _ in $(seq 1 150); do # 150 x 0.2 s = 30 s at most
     if ! kill -0 "$SERVER_PID" 2>/dev/null; then break; fi
-    if grpcurl -plaintext -max-time 2 "$ADDR" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; then
+    if grpcurl -plaintext -max-time 2 "$ADDR" grpc.health.v1.Health/Check 2>/dev/null | grep '"SERVING"' >/dev/null; then
       up=1
       break
     fi

@@ -116,7 +116,7 @@ LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 python3 - "$OUT" <<PY
 import json, sys
 print(json.dumps({"kind": "machine", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "nproc": $(nproc),
-  "cpu": "$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)",
+  "cpu": "$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | sed -n 1p)",
   "commit": "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)",
   "postgres": "$(sql postgres -c 'SHOW server_version')",
   "warmup_s": $WARMUP, "duration_s": $DURATION, "rounds": $ROUNDS,

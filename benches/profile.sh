@@ -61,7 +61,7 @@ for s in "${SCENARIOS[@]}"; do
   kill -TERM "$PID"
   wait "$PID" || true
   PID=""
-  dump=$(ls "$WORK/$s".*.1 2>/dev/null | head -1)
+  dump=$(ls "$WORK/$s".*.1 2>/dev/null | sed -n 1p)
   [ -n "$dump" ] || { echo "profile.sh: no callgrind dump for $s" >&2; exit 1; }
   mv "$dump" "$OUT/$s.callgrind"
 done

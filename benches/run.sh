@@ -143,10 +143,10 @@ SERVER="$TARGET_DIR/release/retry-budget"
 LOADGEN="$TARGET_DIR/release/retry-budget-loadgen"
 
 emit_json kind=machine date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" nproc="$(nproc)" \
-  cpu="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)" kernel="$(uname -r)" \
-  cpu_family="$(sed -n 's/^cpu family[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -1)" \
-  cpu_model="$(sed -n 's/^model[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -1)" \
-  l2_cache="$(lscpu | sed -n -E 's/^(L2 cache|[[:space:]]*L2):[[:space:]]*//p' | head -1)" \
+  cpu="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | sed -n 1p)" kernel="$(uname -r)" \
+  cpu_family="$(sed -n '/^cpu family[[:space:]]*:[[:space:]]*/{s///p;q}' /proc/cpuinfo)" \
+  cpu_model="$(sed -n '/^model[[:space:]]*:[[:space:]]*/{s///p;q}' /proc/cpuinfo)" \
+  l2_cache="$(lscpu | sed -n -E 's/^(L2 cache|[[:space:]]*L2):[[:space:]]*//p' | sed -n 1p)" \
   commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
   quick=$([ "$QUICK" = 1 ] && echo true || echo false) pinned=$PINNED nice="$NICE" \
   warmup_s="$WARMUP" duration_s="$DURATION" reps="$REPS" open_reps="$OPEN_REPS" connections=$CONNECTIONS \

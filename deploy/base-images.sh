@@ -39,7 +39,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-dockerfile_arg() { sed -n "s/^ARG $1=//p" "$here/Dockerfile" | head -n1; }
+dockerfile_arg() { sed -n "/^ARG $1=/{s///p;q}" "$here/Dockerfile"; }
 RUST_IMAGE=${RUST_IMAGE:-$(dockerfile_arg RUST_IMAGE)}
 BASE_IMAGE=${BASE_IMAGE:-$(dockerfile_arg BASE_IMAGE)}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}

@@ -88,7 +88,7 @@ call() { # call ATTEMPT -> "SERVER ACTION CODE REPLAYED", or "error on SERVER: .
     \"error_class\": \"ERROR_CLASS_TRANSIENT\", \"policy\": {\"max_attempts\": 10, \"deadline_seconds\": 600}}" \
     "$ADDR" "$SVC/NextAction" 2>&1) || true
   # HAProxy's header; in the trailers when the call failed.
-  server=$(sed -n 's/^x-served-by: //p' <<<"$out" | head -n1)
+  server=$(sed -n '/^x-served-by: /{s///p;q}' <<<"$out")
   sed -n '/^Response contents:/,/^}/p' <<<"$out" | sed 1d | python3 -c '
 import json, sys
 d = json.load(sys.stdin)

@@ -13,7 +13,8 @@
 //!   given the recorded activity and a new failure report, the decision and
 //!   the new record.
 //! - [`record`]: the record it keeps; [`error`]: what it refuses;
-//!   [`tenant`]: who asks.
+//!   [`tenant`]: who asks; [`timestamp`]: the times a client sends, checked
+//!   against their range and the server's clock.
 //! - [`codes`]: every stable string a client may match on, defined once.
 //!
 //! Time is always a parameter (`now`, logical milliseconds), never read here,
@@ -29,6 +30,7 @@ pub mod error;
 pub mod hint;
 pub mod record;
 pub mod tenant;
+pub mod timestamp;
 pub mod token;
 
 pub use action::{Action, Budget, ErrorClass, explain, next_action};

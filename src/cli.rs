@@ -6,6 +6,7 @@
 //! file sets keeps its one declared default.
 
 mod client;
+mod keys;
 mod migrate;
 
 use std::net::SocketAddr;
@@ -14,7 +15,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use self::client::{DelayArgs, ExplainArgs, NextActionArgs, run_client};
+pub use self::client::{ClientTlsArgs, DelayArgs, ExplainArgs, NextActionArgs, run_client};
+pub use self::keys::{KeysArgs, KeysCommand, KeysFile};
 pub use self::migrate::{MigrateArgs, migrate};
 use crate::config::{Config, ConfigError};
 
@@ -36,6 +38,19 @@ pub const ENV_METRICS_LISTEN: &str = "RETRY_BUDGET_METRICS_LISTEN";
 pub const ENV_LOG_FORMAT: &str = "RETRY_BUDGET_LOG_FORMAT";
 /// Environment variable naming the server the client commands talk to.
 pub const ENV_SERVER: &str = "RETRY_BUDGET_SERVER";
+/// Environment variable choosing how requests prove their tenant.
+pub const ENV_AUTH: &str = "RETRY_BUDGET_AUTH";
+/// Environment variable naming the API keys file (the server's and
+/// `keys add`'s).
+pub const ENV_API_KEYS_FILE: &str = "RETRY_BUDGET_API_KEYS_FILE";
+/// Environment variable holding the API key the client commands send.
+pub const ENV_API_KEY: &str = "RETRY_BUDGET_API_KEY";
+/// Environment variable naming the server's TLS certificate chain.
+pub const ENV_TLS_CERT: &str = "RETRY_BUDGET_TLS_CERT";
+/// Environment variable naming the server's TLS private key.
+pub const ENV_TLS_KEY: &str = "RETRY_BUDGET_TLS_KEY";
+/// Environment variable naming the CA of the clients' certificates.
+pub const ENV_TLS_CLIENT_CA: &str = "RETRY_BUDGET_TLS_CLIENT_CA";
 
 /// retry-budget: tells workers whether and when to retry a failed activity.
 #[derive(Debug, Parser)]
@@ -63,6 +78,8 @@ pub enum Command {
     /// Copy an embedded store into PostgreSQL (resumable, idempotent), to
     /// move from one replica to several.
     Migrate(MigrateArgs),
+    /// Make and list API keys (`--auth api-keys`).
+    Keys(KeysArgs),
 }
 
 /// Options of `serve`. Each overrides the configuration key in brackets;
@@ -147,6 +164,48 @@ pub struct ServeArgs {
     /// [server.grace_period].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub grace_period: Option<Duration>,
+    /// The most connections served at once; past it, calls get
+    /// UNAVAILABLE `too_many_connections` [server.max_connections].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// The most calls in flight on one connection; clients queue past it
+    /// [server.max_concurrent_streams].
+    #[arg(long)]
+    pub max_concurrent_streams: Option<u32>,
+    /// The largest header list a call may send, in bytes
+    /// [server.max_header_list_size].
+    #[arg(long)]
+    pub max_header_list_size: Option<u32>,
+    /// A call running longer ends with DEADLINE_EXCEEDED `request_timeout`
+    /// [server.request_timeout].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub request_timeout: Option<Duration>,
+    /// A quiet connection is pinged this often [server.keepalive_interval].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub keepalive_interval: Option<Duration>,
+    /// A ping unanswered this long closes its connection
+    /// [server.keepalive_timeout].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub keepalive_timeout: Option<Duration>,
+    /// Serve TLS with this certificate chain (PEM, leaf first); read again
+    /// on SIGHUP and when it changes [tls.cert].
+    #[arg(long, env = ENV_TLS_CERT)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM) [tls.key].
+    #[arg(long, env = ENV_TLS_KEY)]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by these CAs (PEM): mutual TLS
+    /// [tls.client_ca].
+    #[arg(long, env = ENV_TLS_CLIENT_CA)]
+    pub tls_client_ca: Option<PathBuf>,
+    /// A TLS handshake not done in this long is abandoned
+    /// [tls.handshake_timeout].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub tls_handshake_timeout: Option<Duration>,
+    /// How often the TLS files are checked for a change
+    /// [tls.watch_interval].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub tls_watch_interval: Option<Duration>,
     /// Retry tokens a second for the whole service [bucket.rate].
     #[arg(long)]
     pub retry_rate: Option<f64>,
@@ -185,6 +244,42 @@ pub struct ServeArgs {
     /// may ask for, whole seconds [hints.max_hint_seconds].
     #[arg(long, value_parser = humantime::parse_duration)]
     pub max_hint: Option<Duration>,
+    /// The largest request message, in bytes; larger is refused with
+    /// RESOURCE_EXHAUSTED, message_too_large [limits.max_message_bytes].
+    #[arg(long)]
+    pub max_message_bytes: Option<usize>,
+    /// How far before the server's clock an occurred_at may be; older is
+    /// refused with timestamp_implausible [limits.max_timestamp_past].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_timestamp_past: Option<Duration>,
+    /// How far after the server's clock an occurred_at may be
+    /// [limits.max_timestamp_future].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_timestamp_future: Option<Duration>,
+    /// How a request proves its tenant: `none` believes x-tenant-id,
+    /// `api-keys` a bearer key, `mesh` the mesh's identity [auth.mode].
+    #[arg(long, env = ENV_AUTH)]
+    pub auth: Option<crate::auth::AuthMode>,
+    /// The file of `tenant:sha256-hex-of-key` lines, read at start and on
+    /// SIGHUP [auth.api_keys_file].
+    #[arg(long, env = ENV_API_KEYS_FILE)]
+    pub api_keys_file: Option<PathBuf>,
+    /// In `none` mode, the tenant of a request without x-tenant-id; "" makes
+    /// the header required [auth.default_tenant].
+    #[arg(long)]
+    pub default_tenant: Option<String>,
+    /// In `mesh` mode, how an identity names its tenant, e.g.
+    /// `spiffe://cluster.local/ns/{tenant}/sa/*` [auth.identity_pattern].
+    #[arg(long)]
+    pub identity_pattern: Option<String>,
+    /// In `mesh` mode, the header the sidecar sets with the caller's
+    /// identity; believed only when named here [auth.mesh_header].
+    #[arg(long)]
+    pub mesh_header: Option<String>,
+    /// Health and reflection ask for the same credential as the API
+    /// [auth.protect_health_reflection].
+    #[arg(long)]
+    pub protect_health_reflection: bool,
 }
 
 impl ServeArgs {
@@ -219,11 +314,34 @@ impl ServeArgs {
             hints,
             coordination,
             metrics,
+            limits,
+            auth,
+            tls,
             classification: _,
         } = config;
         set(&mut server.listen, &self.listen);
         set(&mut server.drain_delay, &self.drain_delay);
         set(&mut server.grace_period, &self.grace_period);
+        set(&mut server.max_connections, &self.max_connections);
+        set(
+            &mut server.max_concurrent_streams,
+            &self.max_concurrent_streams,
+        );
+        set(&mut server.max_header_list_size, &self.max_header_list_size);
+        set(&mut server.request_timeout, &self.request_timeout);
+        set(&mut server.keepalive_interval, &self.keepalive_interval);
+        set(&mut server.keepalive_timeout, &self.keepalive_timeout);
+        for (target, flag) in [
+            (&mut tls.cert, &self.tls_cert),
+            (&mut tls.key, &self.tls_key),
+            (&mut tls.client_ca, &self.tls_client_ca),
+        ] {
+            if flag.is_some() {
+                target.clone_from(flag);
+            }
+        }
+        set(&mut tls.handshake_timeout, &self.tls_handshake_timeout);
+        set(&mut tls.watch_interval, &self.tls_watch_interval);
         set(&mut store.data_dir, &self.data_dir);
         set(&mut store.max_batch, &self.max_batch);
         if self.postgres_url.is_some() {
@@ -256,6 +374,9 @@ impl ServeArgs {
             metrics.listen = self.metrics_listen;
         }
         set(&mut metrics.top_tenants, &self.metrics_top_tenants);
+        set(&mut limits.max_message_bytes, &self.max_message_bytes);
+        set(&mut limits.max_timestamp_past, &self.max_timestamp_past);
+        set(&mut limits.max_timestamp_future, &self.max_timestamp_future);
         set(&mut coordination.interval, &self.coordination_interval);
         if self.replica_id.is_some() {
             coordination.replica_id.clone_from(&self.replica_id);
@@ -263,6 +384,18 @@ impl ServeArgs {
         for (tenant, weight) in &self.tenant_weights {
             bucket.weights.insert(tenant.clone(), *weight);
         }
+        set(&mut auth.mode, &self.auth);
+        set(&mut auth.default_tenant, &self.default_tenant);
+        if self.api_keys_file.is_some() {
+            auth.api_keys_file.clone_from(&self.api_keys_file);
+        }
+        if self.identity_pattern.is_some() {
+            auth.identity_pattern.clone_from(&self.identity_pattern);
+        }
+        if self.mesh_header.is_some() {
+            auth.mesh_header.clone_from(&self.mesh_header);
+        }
+        auth.protect_health_reflection |= self.protect_health_reflection;
     }
 }
 
@@ -328,6 +461,24 @@ mod tests {
         assert_eq!(config.store.redb_options().segment_bytes, 64 << 20);
         assert_eq!(config.store.journal_segment_age, Duration::from_secs(30));
         assert_eq!(config.policy.policy().deadline_seconds, 600);
+
+        let config = parsed(&[
+            "--max-message-bytes",
+            "4096",
+            "--max-timestamp-past",
+            "30days",
+            "--max-timestamp-future",
+            "5m",
+        ])
+        .unwrap();
+        assert_eq!(config.limits.max_message_bytes, 4096);
+        assert_eq!(
+            config.limits.time_bounds(),
+            crate::budget::timestamp::TimeBounds {
+                max_past: Duration::from_secs(30 * 86_400),
+                max_future: Duration::from_secs(300),
+            }
+        );
     }
 
     #[test]
@@ -343,6 +494,7 @@ mod tests {
             ),
             (["--journal-segment-age", "0s"], "store.journal_segment_age"),
             (["--max-batch", "0"], "store.max_batch"),
+            (["--max-timestamp-past", "0s"], "limits.max_timestamp_past"),
         ] {
             let message = parsed(&bad).unwrap_err().to_string();
             assert!(message.starts_with("config_invalid: "), "{message}");

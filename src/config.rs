@@ -11,6 +11,19 @@
 //! listen = "127.0.0.1:50051"
 //! drain_delay = "2s"       # health NOT_SERVING before the listener closes
 //! grace_period = "10s"     # calls in flight may finish in this long
+//! max_connections = 4096   # past it: UNAVAILABLE too_many_connections
+//! max_concurrent_streams = 1024  # calls in flight per connection
+//! max_header_list_size = 16384   # bytes of headers a call may send
+//! request_timeout = "30s"  # then DEADLINE_EXCEEDED request_timeout
+//! keepalive_interval = "1m"  # PING a quiet connection...
+//! keepalive_timeout = "20s"  # ...and close it if unanswered
+//!
+//! [tls]                    # plaintext unless cert is set
+//! cert = "/etc/retry-budget-tls/tls.crt"
+//! key = "/etc/retry-budget-tls/tls.key"
+//! # client_ca = "/etc/retry-budget-tls/ca.crt"  # mutual TLS: client certificates required
+//! handshake_timeout = "10s"
+//! watch_interval = "5s"    # the files are read again when they change
 //!
 //! [store]
 //! data_dir = "retry-budget-data"
@@ -44,9 +57,18 @@
 //! listen = "127.0.0.1:9464" # Prometheus text on /metrics (default: off)
 //! top_tenants = 20         # the busiest tenants by name, the rest as "other"
 //!
+//! [limits]                 # what one request may carry (README: Errors and limits)
+//! max_message_bytes = 65536     # a larger request message: message_too_large
+//! max_timestamp_past = "1year"  # an older occurred_at: timestamp_implausible
+//! max_timestamp_future = "1h"   # so is a later one
+//!
 //! [coordination]           # replicas on PostgreSQL share [bucket] through leases
 //! interval = "1s"          # one short transaction per replica per interval
 //! # replica_id = "retry-budget-0"  # default: the host's name and the process id
+//!
+//! [auth]                   # who asks (docs/security.md)
+//! mode = "none"            # none | api-keys | mesh
+//! default_tenant = "default" # none mode: the tenant without x-tenant-id; "" = required
 //!
 //! [[classification.rules]] # tried before the defaults; first match wins
 //! name = "payments_409_transient"
@@ -58,18 +80,24 @@
 //! Every key is optional. Unknown keys are errors, so a typo never silently
 //! keeps a default.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::AuthConfig;
 use crate::bucket::BucketConfig;
 use crate::budget::activity::Policy;
 use crate::budget::classify::{RuleSet, RuleSpec};
 use crate::budget::codes;
 use crate::coord::CoordinationConfig;
-use crate::store::{PostgresOptions, RedbStoreOptions, RuntimeIdle};
+
+mod server;
+mod store;
+
+pub use self::server::{LimitsConfig, ServeConfig, TlsConfig};
+pub use self::store::{DEFAULT_DATA_DIR, StoreConfig};
 
 /// The service's whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -90,169 +118,15 @@ pub struct Config {
     pub coordination: CoordinationConfig,
     /// `[metrics]`: Prometheus metrics, off unless `listen` is set.
     pub metrics: MetricsConfig,
+    /// `[limits]`: what one request may carry.
+    pub limits: LimitsConfig,
+    /// `[auth]`: how a request proves the tenant it acts for.
+    pub auth: AuthConfig,
+    /// `[tls]`: TLS and mutual TLS on the gRPC port (plaintext unless set).
+    pub tls: TlsConfig,
     /// `[classification]`: the operator's rules, tried before the defaults.
     #[serde(skip_serializing)]
     pub classification: ClassificationConfig,
-}
-
-/// `[server]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServeConfig {
-    /// The address the gRPC server listens on.
-    pub listen: SocketAddr,
-    /// How long health says `NOT_SERVING` before the listener closes, so a
-    /// mesh stops sending new calls first.
-    #[serde(with = "duration")]
-    pub drain_delay: Duration,
-    /// How long calls in flight may take to finish after the listener
-    /// closes.
-    #[serde(with = "duration")]
-    pub grace_period: Duration,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 50051)),
-            drain_delay: Duration::from_secs(2),
-            grace_period: Duration::from_secs(10),
-        }
-    }
-}
-
-/// `[store]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreConfig {
-    /// The directory of the embedded store (created if missing).
-    pub data_dir: PathBuf,
-    /// The most decisions one group commit (one fsync) carries; 1 commits
-    /// each decision alone. 1 to 65536.
-    pub max_batch: usize,
-    /// Under load, how long from the start of one group commit the next may
-    /// wait for decisions to share its fsync (see `RedbStoreOptions`).
-    #[serde(with = "duration")]
-    pub commit_window: Duration,
-    /// A journal segment this large (bytes) is checkpointed into the
-    /// database; decisions waiting for a checkpoint are held in memory.
-    /// 1 KiB to 1 GiB.
-    pub journal_segment_bytes: u64,
-    /// A journal segment older than this is checkpointed even when small.
-    #[serde(with = "duration")]
-    pub journal_segment_age: Duration,
-    /// Journal bytes waiting for a checkpoint past which saves are refused
-    /// (`UNAVAILABLE`, `store_backlogged`) until checkpoints catch up: the
-    /// bound on memory and disk when checkpoints fail or fall behind. At
-    /// least two segments are always allowed.
-    pub backlog_bytes: u64,
-    /// How long closed (or expired) activities are kept.
-    #[serde(with = "duration")]
-    pub retention: Duration,
-    /// How often expired activities are purged.
-    #[serde(with = "duration")]
-    pub sweep_interval: Duration,
-    /// The PostgreSQL database to keep activities in, instead of the
-    /// embedded store: what lets several replicas be one service
-    /// (`docs/deploy.md`). A libpq URL or key=value string; printed with
-    /// its password hidden.
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "redacted_url"
-    )]
-    pub postgres_url: Option<String>,
-    /// A CA certificate (PEM) to verify PostgreSQL's TLS certificate with,
-    /// besides the system's roots. Setting it requires TLS, as
-    /// `sslmode=require` in the URL does; without either, the connection
-    /// is plain TCP.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub db_ca_file: Option<PathBuf>,
-    /// Connections to PostgreSQL each replica keeps at most.
-    pub pool_size: usize,
-    /// The longest a PostgreSQL operation may take, waiting for a
-    /// connection included, before the call gets `store_unavailable`.
-    #[serde(with = "duration")]
-    pub db_timeout: Duration,
-    /// Set by the binary, not configurable: its runtime tells the store
-    /// when a worker parks, ending a group commit's window early.
-    #[serde(skip)]
-    pub runtime_idle: Option<RuntimeIdle>,
-}
-
-/// The data directory of `cargo run` with no configuration.
-pub const DEFAULT_DATA_DIR: &str = "retry-budget-data";
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        let store = RedbStoreOptions::new(DEFAULT_DATA_DIR);
-        Self {
-            journal_segment_bytes: store.segment_bytes,
-            journal_segment_age: store.segment_age,
-            backlog_bytes: store.backlog_bytes,
-            max_batch: store.max_batch,
-            commit_window: store.commit_window,
-            data_dir: store.data_dir,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            sweep_interval: Duration::from_secs(60),
-            postgres_url: None,
-            db_ca_file: None,
-            pool_size: 16,
-            db_timeout: Duration::from_secs(2),
-            runtime_idle: None,
-        }
-    }
-}
-
-impl StoreConfig {
-    /// The embedded store's options for these settings.
-    pub fn redb_options(&self) -> RedbStoreOptions {
-        let mut options = RedbStoreOptions::new(&self.data_dir);
-        options.max_batch = self.max_batch;
-        options.commit_window = self.commit_window;
-        options.segment_bytes = self.journal_segment_bytes;
-        options.segment_age = self.journal_segment_age;
-        options.backlog_bytes = self.backlog_bytes;
-        options.runtime_idle.clone_from(&self.runtime_idle);
-        options
-    }
-
-    /// The PostgreSQL store's options, when one is configured.
-    pub fn postgres_options(&self) -> Option<PostgresOptions> {
-        self.postgres_url.as_ref().map(|url| PostgresOptions {
-            url: url.clone(),
-            pool_size: self.pool_size,
-            timeout: self.db_timeout,
-            max_batch: self.max_batch,
-            ca_file: self.db_ca_file.clone(),
-        })
-    }
-}
-
-/// A database URL as `--print-config` shows it: the password replaced by
-/// `***`, in URL (`user:secret@host`) and key=value (`password=secret`)
-/// forms alike.
-fn redacted_url<S: serde::Serializer>(url: &Option<String>, out: S) -> Result<S::Ok, S::Error> {
-    let Some(url) = url else {
-        return out.serialize_none();
-    };
-    let hidden = if let Some((scheme, rest)) = url.split_once("://") {
-        match rest.split_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => url.clone(),
-            },
-            None => url.clone(),
-        }
-    } else {
-        url.split_whitespace()
-            .map(|pair| match pair.split_once('=') {
-                Some(("password", _)) => "password=***".to_owned(),
-                _ => pair.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    out.serialize_some(&hidden)
 }
 
 /// `[metrics]`.
@@ -435,6 +309,27 @@ impl Config {
             key: "bucket",
             message: e.to_string(),
         })?;
+        // A KiB holds every bounded field of the largest request (two
+        // 256-byte ids); past 16 MiB one call could hold what a replica's
+        // whole journal backlog does.
+        if !(1 << 10..=16 << 20).contains(&self.limits.max_message_bytes) {
+            return Err(value(
+                "limits.max_message_bytes",
+                "must be 1 KiB to 16 MiB (1024 to 16777216)",
+            ));
+        }
+        if self.limits.max_timestamp_past.is_zero() {
+            return Err(value(
+                "limits.max_timestamp_past",
+                "must be longer than zero",
+            ));
+        }
+        if self.limits.max_timestamp_future.is_zero() {
+            return Err(value(
+                "limits.max_timestamp_future",
+                "must be longer than zero",
+            ));
+        }
         if self.metrics.top_tenants > 1000 {
             return Err(value("metrics.top_tenants", "must be at most 1000"));
         }
@@ -444,10 +339,55 @@ impl Config {
                 key: "coordination",
                 message: e.to_string(),
             })?;
+        self.validate_transport()?;
         RuleSet::new(self.classification.rules.clone()).map_err(|e| ConfigError::Value {
             key: "classification.rules",
             message: e.to_string(),
         })?;
+        self.auth.validate()?;
+        Ok(())
+    }
+
+    /// The `[server]` bounds and `[tls]`.
+    fn validate_transport(&self) -> Result<(), ConfigError> {
+        let value = |key, message: &str| ConfigError::Value {
+            key,
+            message: message.to_owned(),
+        };
+        let server = &self.server;
+        if !(1..=1_000_000).contains(&server.max_connections) {
+            return Err(value("server.max_connections", "must be 1 to 1000000"));
+        }
+        if server.max_concurrent_streams == 0 {
+            return Err(value("server.max_concurrent_streams", "must be 1 or more"));
+        }
+        if !(1 << 10..=16 << 20).contains(&server.max_header_list_size) {
+            return Err(value(
+                "server.max_header_list_size",
+                "must be 1 KiB to 16 MiB (1024 to 16777216)",
+            ));
+        }
+        for (key, duration) in [
+            ("server.request_timeout", server.request_timeout),
+            ("server.keepalive_interval", server.keepalive_interval),
+            ("server.keepalive_timeout", server.keepalive_timeout),
+            ("tls.handshake_timeout", self.tls.handshake_timeout),
+            ("tls.watch_interval", self.tls.watch_interval),
+        ] {
+            if duration.is_zero() {
+                return Err(value(key, "must be longer than zero"));
+            }
+        }
+        let tls = &self.tls;
+        if tls.cert.is_some() != tls.key.is_some() {
+            return Err(value("tls.key", "tls.cert and tls.key go together"));
+        }
+        if tls.client_ca.is_some() && tls.cert.is_none() {
+            return Err(value(
+                "tls.client_ca",
+                "mutual TLS needs the server's own tls.cert and tls.key",
+            ));
+        }
         Ok(())
     }
 
@@ -548,6 +488,14 @@ mod tests {
                 "store.journal_segment_age",
             ),
             ("[bucket]\nrate = 0.0\n", "bucket"),
+            (
+                "[limits]\nmax_message_bytes = 100\n",
+                "limits.max_message_bytes",
+            ),
+            (
+                "[limits]\nmax_timestamp_future = \"0s\"\n",
+                "limits.max_timestamp_future",
+            ),
         ] {
             let err = toml::from_str::<Config>(text)
                 .unwrap()

@@ -2,7 +2,9 @@
 //! (the store keeps its own, private schema for what it writes).
 //!
 //! - [`pb`]: the generated messages, service and descriptor set.
-//! - [`codec`]: tonic-prost's codec, decoding each message from one slice.
+//! - [`codec`]: tonic-prost's codec, decoding each message from one slice;
+//!   bytes that are not the request message are refused with a stable code.
+//! - [`limit`]: the bound on a request message's size.
 //! - `convert`: protobuf <-> core types, with input validation.
 //! - `status`: the one place errors become `tonic::Status`.
 //! - [`RetryBudgetService`]: the service implementation, thin: validate,
@@ -10,8 +12,9 @@
 
 pub mod codec;
 mod convert;
+pub mod limit;
 mod service;
-mod status;
+pub mod status;
 
 pub use service::{Draining, RetryBudgetService};
 

@@ -5,6 +5,8 @@
 //! Dependencies point inward: the core depends on nothing of ours.
 //! - [`budget`]: the pure core (backoff, next action, the activity state
 //!   machine, stable codes). No I/O, no clock, no tokio, tonic or prost.
+//! - [`auth`]: who asks: the tenant each request acts for, proven by an
+//!   API key or the service mesh, or named by `x-tenant-id`.
 //! - [`bucket`]: the global retry-token bucket with fair per-tenant shares,
 //!   and the tower layer that hands a permit to each `NextAction` call.
 //! - [`coord`]: one global retry budget across replicas, agreed through
@@ -20,6 +22,7 @@
 //! - [`cli`]: the command line, for people without grpcurl.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod bucket;
 pub mod budget;
 pub mod cli;
@@ -29,5 +32,6 @@ pub mod coord;
 pub mod grpc;
 pub mod ledger;
 pub mod metrics;
+pub mod peer;
 pub mod server;
 pub mod store;

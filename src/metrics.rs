@@ -69,6 +69,9 @@ struct Inner {
     conflicts: Family<Labels1, Counter>,
     reloads: Family<Labels1, Counter>,
     config: Family<Vec<(&'static str, String)>, Gauge>,
+    tls_reloads: Family<Labels1, Counter>,
+    connections_refused: Counter,
+    tls_expiry: Family<Vec<(&'static str, String)>, Gauge>,
     commit_size: Histogram,
     commit_seconds: Histogram,
 }
@@ -131,6 +134,25 @@ impl Metrics {
             "Configuration reloads (SIGHUP), by result",
             reloads.clone(),
         );
+        let tls_reloads = Family::<Labels1, Counter>::default();
+        registry.register(
+            "tls_reloads",
+            "Reloads of the TLS certificate, key and client CA (SIGHUP or a change of the files), by result",
+            tls_reloads.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections past server.max_connections, whose calls were answered too_many_connections",
+            connections_refused.clone(),
+        );
+        let tls_expiry = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        registry.register_with_unit(
+            "tls_certificate_expiry_timestamp",
+            "When the serving TLS certificate expires (Unix time), by its serial number; absent without TLS",
+            Unit::Seconds,
+            tls_expiry.clone(),
+        );
         let commit_size = Histogram::new(exponential_buckets(1.0, 2.0, 12));
         registry.register(
             "store_commit_size",
@@ -159,6 +181,9 @@ impl Metrics {
                 conflicts,
                 reloads,
                 config,
+                tls_reloads,
+                connections_refused,
+                tls_expiry,
                 commit_size,
                 commit_seconds,
             }),
@@ -231,6 +256,30 @@ impl Metrics {
             .config
             .get_or_create(&vec![("sha256", sha256.to_owned())])
             .set(1);
+    }
+
+    /// Counts a connection past `max_connections`.
+    pub fn connection_refused(&self) {
+        self.inner.connections_refused.inc();
+    }
+
+    /// Counts a reload of the TLS files.
+    pub fn tls_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.inner
+            .tls_reloads
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+
+    /// The serving TLS certificate is now the one numbered `serial`,
+    /// expiring at `not_after` (Unix seconds).
+    pub fn set_tls_certificate(&self, serial: &str, not_after: u64) {
+        self.inner.tls_expiry.clear();
+        self.inner
+            .tls_expiry
+            .get_or_create(&vec![("serial", serial.to_owned())])
+            .set(i64::try_from(not_after).unwrap_or(i64::MAX));
     }
 
     /// Records one group commit of `size` decisions that took `seconds`.

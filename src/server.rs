@@ -18,25 +18,30 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
+use crate::auth::{AuthLayer, Authenticator};
 use crate::bucket::{BucketConfigError, FairBucket, RetryTokenLayer};
 use crate::budget::activity::Defaults;
 use crate::budget::classify::{RuleError, RuleSet};
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::coord::{CoordinationConfigError, Coordinator};
+use crate::grpc::limit::MessageLimit;
 use crate::grpc::pb::retry_budget_server::RetryBudgetServer;
 use crate::grpc::{Draining, RetryBudgetService, SERVICE_NAME, pb};
 use crate::ledger::Ledger;
 use crate::metrics::{Metrics, RpcMetricsLayer, Sources};
 use crate::store::{CommitStats, PgStore, RedbStore, Store, StoreError};
 
+mod deadline;
 mod incoming;
 mod reload;
+mod tls;
 mod watch;
 
 pub use reload::Reload;
+pub use tls::TlsError;
 
 pub use watch::COORDINATION_HEALTH;
 
@@ -64,6 +69,13 @@ pub enum ServerError {
     /// Reflection could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The authentication settings are invalid (or the keys file cannot be
+    /// read).
+    #[error(transparent)]
+    Auth(ConfigError),
+    /// The TLS certificate, key or client CA cannot be used.
+    #[error("tls: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// Serves on `listener` until `shutdown` resolves, then drains and returns.
@@ -137,6 +149,9 @@ async fn serve_with<S: Store>(
     coordination: Option<deadpool_postgres::Pool>,
     mut reloads: Option<mpsc::UnboundedReceiver<Reload>>,
 ) -> Result<(), ServerError> {
+    // Before anything else: a server that cannot serve its certificate
+    // does not start.
+    let certs = tls::Certs::load(&config.tls)?;
     let local = listener
         .local_addr()
         .map_or_else(|_| "unknown".to_owned(), |a: SocketAddr| a.to_string());
@@ -147,6 +162,7 @@ async fn serve_with<S: Store>(
     let rules = Arc::new(ArcSwap::from_pointee(RuleSet::new(
         config.classification.rules.clone(),
     )?));
+    let auth = Arc::new(Authenticator::new(&config.auth).map_err(ServerError::Auth)?);
     let ledger = Arc::new(Ledger::new(store, defaults));
     let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
@@ -196,6 +212,12 @@ async fn serve_with<S: Store>(
         ),
         None => None,
     };
+    if let (Some(certs), Some(metrics)) = (&certs, &metrics) {
+        certs.set_metrics(metrics.clone());
+    }
+    let tls_watch = certs
+        .as_ref()
+        .map(|c| tokio::spawn(Arc::clone(c).watch(config.tls.watch_interval)));
     let rpc_metrics = metrics
         .as_ref()
         .map_or_else(RpcMetricsLayer::off, Metrics::rpc_layer);
@@ -209,21 +231,48 @@ async fn serve_with<S: Store>(
         Some(bucket.clone()),
         Arc::clone(&rules),
     )
-    .with_metrics(metrics);
+    .with_metrics(metrics)
+    .with_time_bounds(config.limits.time_bounds());
+    let max_message_bytes = config.limits.max_message_bytes;
+    let limits = &config.server;
+    let accept = incoming::Accept {
+        tls: certs.clone(),
+        handshake_timeout: config.tls.handshake_timeout,
+        max_connections: limits.max_connections,
+        health: health_service.clone(),
+        metrics: reload_metrics.clone(),
+    };
+    // h2 refuses the streams past `max_concurrent_streams` (REFUSED_STREAM,
+    // which clients retry, and which well-behaved ones never see: they
+    // queue) and answers a header list past `max_header_list_size` with
+    // HTTP 431, before any service sees the call: neither has a gRPC
+    // status to carry a stable code.
     let router = Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_header_list_size(limits.max_header_list_size)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .layer(rpc_metrics)
+        // Who asks is decided first, once: refusals are counted by the
+        // metrics layer outside and never reach the bucket or a handler.
+        .layer(AuthLayer::new(Arc::clone(&auth)))
+        .layer(deadline::RequestTimeoutLayer::new(limits.request_timeout))
         .layer(RetryTokenLayer::new(bucket))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RetryBudgetServer::new(service));
+        // tonic's own limit stays behind ours (src/grpc/limit.rs).
+        .add_service(MessageLimit::new(
+            RetryBudgetServer::new(service).max_decoding_message_size(max_message_bytes),
+            max_message_bytes,
+        ));
     // The ledger (hence the store) is held from here on by the service,
     // each connection's copy of it, and the sweeper; `released` tells when
     // the last of them is gone.
     let released = Arc::downgrade(&ledger);
     drop(ledger);
     let mut serving = Box::pin(router.serve_with_incoming_shutdown(
-        incoming::incoming(listener, stop.clone()),
+        incoming::incoming(listener, stop.clone(), accept),
         stop.clone().cancelled_owned(),
     ));
     tracing::info!(
@@ -231,8 +280,12 @@ async fn serve_with<S: Store>(
         service = SERVICE_NAME,
         retry_rate = config.bucket.rate,
         retry_burst = config.bucket.burst,
+        auth = config.auth.mode.as_str(),
         max_batch = config.store.max_batch,
         commit_window = ?config.store.commit_window,
+        tls = certs.is_some(),
+        client_certificates = config.tls.client_ca.is_some(),
+        max_connections = config.server.max_connections,
         "serving"
     );
 
@@ -245,10 +298,15 @@ async fn serve_with<S: Store>(
             coordinator: coordinator.as_ref(),
             rules: &rules,
             metrics: reload_metrics.as_ref(),
+            auth: &auth,
+            tls: certs.as_deref(),
         };
         loop {
             tokio::select! {
                 result = &mut serving => {
+                    if let Some(task) = tls_watch {
+                        stop_task(task).await;
+                    }
                     stop_task(sweeper).await;
                     stop_task(store_health).await;
                     if let Some(task) = coordination_health {
@@ -262,6 +320,9 @@ async fn serve_with<S: Store>(
         }
         drop(reloadable);
         drop(reload_ledger);
+        if let Some(task) = tls_watch {
+            stop_task(task).await;
+        }
 
         tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
         draining.start();

@@ -150,7 +150,7 @@ async fn a_deferral_books_a_slot_repeats_for_free_and_never_consumes_an_attempt(
     assert_eq!(b.code, "deferred");
     assert_eq!(b.action, pb::Action::Deferred as i32);
     assert_eq!(b.defer_reason, "global_capacity_exhausted");
-    assert!(b.token_taken, "a slot is booked for it");
+    assert!(b.slot_booked && !b.token_taken, "a slot is booked for it");
     let b_at = ms(b.not_before.as_ref().unwrap());
     assert!(b_at > now_ms());
     let activity = get(&mut client, "b").await;

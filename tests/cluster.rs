@@ -9,6 +9,8 @@
 //! the one that measures the replicas' shares over 20 s, which twelve other
 //! replicas on the same two cores would skew.
 
+#[path = "common/binary.rs"]
+mod binary;
 #[path = "common/cluster.rs"]
 mod cluster;
 mod common;
@@ -115,6 +117,10 @@ fn served_by(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The logical origin of every report: the clock when the tests start,
+/// within the server's bounds around its own.
+static T0: std::sync::LazyLock<i64> = std::sync::LazyLock::new(retry_budget::clock::now_ms);
+
 /// A report whose retry is always allowed at once: these tests are about
 /// where decisions go, not about budgets.
 fn durable(id: &str, attempt: u32) -> tonic::Request<pb::NextActionRequest> {
@@ -125,7 +131,7 @@ fn durable(id: &str, attempt: u32) -> tonic::Request<pb::NextActionRequest> {
         base: Some(0),
         cap: Some(0),
     });
-    r.occurred_at = Some(ts(1_800_000_000_000 + i64::from(attempt)));
+    r.occurred_at = Some(ts(*T0 + i64::from(attempt)));
     let mut request = tonic::Request::new(r);
     request
         .metadata_mut()

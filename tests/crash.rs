@@ -4,53 +4,37 @@
 //! none reset, none counted twice. Also the process settings it makes at
 //! start.
 
+#[path = "common/binary.rs"]
+mod binary;
 mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{pb, report, ts};
 use pb::retry_budget_client::RetryBudgetClient;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Notify;
 use tonic::transport::Channel;
 
 /// Starts the binary on an ephemeral port, with `extra` flags, and returns
-/// it with its address, read from its "serving" log line.
+/// it with its URL.
 async fn spawn_server(data_dir: &Path, extra: &[&str]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
+    let data_dir = data_dir.to_str().expect("a UTF-8 path");
+    let mut args = vec![
         // A bucket too large to defer: these tests are about durability.
-        .args(["--retry-rate", "1000000", "--retry-burst", "1000000"])
-        .args(extra)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env_remove("RETRY_BUDGET_CONFIG")
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the binary");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read stderr") {
-            if line.contains("serving")
-                && let Some(rest) = line.split("addr=").nth(1)
-            {
-                return rest.split_whitespace().next().expect("address").to_owned();
-            }
-        }
-        panic!("the server exited before serving");
-    })
-    .await
-    .expect("the server starts");
-    // Keep draining stderr so the server never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        "--retry-rate",
+        "1000000",
+        "--retry-burst",
+        "1000000",
+        "--data-dir",
+        data_dir,
+    ];
+    args.extend_from_slice(extra);
+    let (child, addr) = binary::spawn(&args, None).await;
     (child, format!("http://{addr}"))
 }
 

@@ -75,7 +75,10 @@ fn matches_answer(recorded: &pb::ActivityEvent, answer: &pb::NextActionResponse)
             recorded.code.as_str(),
             recorded.not_before,
             recorded.delay_ms,
-            recorded.token_taken,
+            // A replay took no token: the recorded event keeps the first
+            // call's.
+            recorded.token_taken && !answer.replayed,
+            recorded.slot_booked,
             recorded.reason.as_str()
         ),
         (
@@ -84,6 +87,7 @@ fn matches_answer(recorded: &pb::ActivityEvent, answer: &pb::NextActionResponse)
             answer.not_before,
             answer.delay_ms,
             answer.token_taken,
+            answer.slot_booked,
             answer.reason.as_str()
         ),
         "the acknowledged decision is the recorded one"
@@ -113,7 +117,13 @@ async fn two_reports_of_one_attempt_get_one_decision_and_the_same_answer() {
                 1,
                 "{id} attempt {attempt}: one decides, the other replays"
             );
+            assert_eq!(
+                (a.token_taken, b.token_taken),
+                (!a.replayed, !b.replayed),
+                "{id} attempt {attempt}: the one that decided took the token"
+            );
             (a.replayed, b.replayed) = (false, false);
+            (a.token_taken, b.token_taken) = (false, false);
             assert_eq!(a, b, "{id} attempt {attempt}: the same answer");
             assert_eq!(a.code, "schedule_retry");
         }
@@ -432,7 +442,7 @@ async fn a_booked_slot_is_redeemed_after_a_restart_without_a_new_token() {
     assert!(first.into_inner().token_taken);
     let b = client.next_action(durable("b")).await.unwrap().into_inner();
     assert_eq!(b.code, "deferred");
-    assert!(b.token_taken, "a slot is booked");
+    assert!(b.slot_booked && !b.token_taken, "a slot is booked");
     let slot = ms(b.not_before.as_ref().expect("a deferral has a time"));
     drop(client);
     let (dir, _keep) = server.stop_keep_dir().await;

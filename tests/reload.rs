@@ -3,96 +3,34 @@
 //! slots booked before it survive; a bad file keeps the running
 //! configuration, says which key is at fault, and is counted.
 
+#[path = "common/binary.rs"]
+mod binary;
 mod common;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
+use binary::{free_port, scrape};
 use common::{pb, report, with_tenant};
 use pb::retry_budget_client::RetryBudgetClient;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::mpsc;
 
 const NARROW: &str = "[bucket]\nrate = 1.0\nburst = 1\nmax_reservation_ms = 60000\n";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
-/// The binary on `config`, its address, and its log lines.
+/// The binary on `config`, its URL, and its log lines.
 async fn spawn(
     config: &Path,
     data: &Path,
     metrics: u16,
 ) -> (Child, String, mpsc::UnboundedReceiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
-        .arg("--config")
-        .arg(config)
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
-        .env_remove("RETRY_BUDGET_CONFIG")
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let _ = tx.send(line);
-        }
-    });
-    let addr = loop {
-        let line = rx.recv().await.expect("the server exited before serving");
-        if line.contains("serving")
-            && let Some(rest) = line.split("addr=").nth(1)
-        {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    (child, format!("http://{addr}"), rx)
+    let (child, addr, log) = binary::spawn_configured(config, data, metrics).await;
+    (child, format!("http://{addr}"), log)
 }
 
 /// Sends SIGHUP and waits for the log line that says how it went.
 async fn hangup(child: &Child, log: &mut mpsc::UnboundedReceiver<String>) -> String {
-    let pid = child.id().unwrap().to_string();
-    let sent = Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(sent.success());
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let line = log.recv().await.expect("the server is running");
-            if line.contains("configuration reloaded") || line.contains("reload refused") {
-                return line;
-            }
-        }
-    })
-    .await
-    .expect("the reload is logged")
-}
-
-async fn scrape(port: u16) -> String {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    text
+    binary::hangup(child, log, &["configuration reloaded", "reload refused"]).await
 }
 
 fn ask(id: &str) -> tonic::Request<pb::NextActionRequest> {
@@ -113,7 +51,7 @@ async fn sighup_reloads_the_bucket_and_rules_and_a_bad_file_changes_nothing() {
     assert_eq!(a.action, pb::Action::ScheduleRetry as i32);
     let b = client.next_action(ask("b")).await.unwrap().into_inner();
     assert_eq!(b.action, pb::Action::Deferred as i32, "{b:?}");
-    assert!(b.token_taken, "a slot is booked: {b:?}");
+    assert!(b.slot_booked && !b.token_taken, "a slot is booked: {b:?}");
 
     // A wide bucket and a rule that makes a 409 permanent.
     std::fs::write(

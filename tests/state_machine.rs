@@ -628,7 +628,8 @@ fn check_decision(
                 (reservation.attempt, reservation.not_before_ms),
                 (attempt, not_before)
             );
-            assert_eq!(reservation.booked, event.token_taken);
+            assert_eq!(reservation.booked, event.slot_booked);
+            assert!(!event.token_taken, "a deferral holds no token yet");
         }
         Action::ManualReview => {
             assert_eq!((new.attempts, new.status), (attempt, Status::Parked));
@@ -644,6 +645,9 @@ fn check_decision(
     }
     if action != Action::ScheduleRetry && action != Action::Deferred {
         assert!(!event.token_taken, "only a retry takes a token: {event:?}");
+    }
+    if action != Action::Deferred {
+        assert!(!event.slot_booked, "only a deferral books: {event:?}");
     }
 }
 

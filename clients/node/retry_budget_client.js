@@ -337,6 +337,83 @@ export function retryPushbackMs(metadata) {
   return ms < 0 ? -1 : Math.min(ms, Number.MAX_SAFE_INTEGER);
 }
 
+/** The trailer holding a refusal's google.rpc.Status, encoded. */
+const STATUS_DETAILS_TRAILER = 'grpc-status-details-bin';
+const ERROR_INFO_TYPE = 'type.googleapis.com/google.rpc.ErrorInfo';
+
+/**
+ * The fields of an encoded protobuf message, as [number, value] pairs: a
+ * varint as a BigInt, a length-delimited field as its bytes (fixed-width
+ * ones are skipped). Enough to read google.rpc.Status without its schema.
+ */
+function* protobufFields(bytes) {
+  let at = 0;
+  const varint = () => {
+    let value = 0n;
+    for (let shift = 0n; ; shift += 7n) {
+      if (at >= bytes.length) throw new RangeError('truncated varint');
+      const byte = bytes[at++];
+      value |= BigInt(byte & 0x7f) << shift;
+      if (byte < 0x80) return value;
+    }
+  };
+  while (at < bytes.length) {
+    const key = Number(varint());
+    const wire = key & 7;
+    if (wire === 0) yield [key >>> 3, varint()];
+    else if (wire === 2) {
+      const len = Number(varint());
+      if (at + len > bytes.length) throw new RangeError('truncated field');
+      yield [key >>> 3, bytes.subarray(at, at + len)];
+      at += len;
+    } else if (wire === 1) at += 8;
+    else if (wire === 5) at += 4;
+    else throw new RangeError(`unsupported wire type ${wire}`);
+  }
+}
+
+/**
+ * The google.rpc.ErrorInfo of a refusal, from its grpc-status-details-bin
+ * trailer: `{ reason, domain, metadata }`, where reason is the stable code,
+ * domain 'retrybudget.v1', and metadata the values involved ({ field:
+ * 'attempt', expected: '2', got: '3' }). null when the trailer has none.
+ */
+export function errorInfo(metadata) {
+  const raw = metadata?.get?.(STATUS_DETAILS_TRAILER)?.[0];
+  if (!raw) return null;
+  const text = (bytes) => Buffer.from(bytes).toString('utf8');
+  try {
+    for (const [number, any] of protobufFields(Buffer.from(raw))) {
+      if (number !== 3) continue; // google.rpc.Status.details
+      let type = '';
+      let value = null;
+      for (const [n, v] of protobufFields(any)) {
+        if (n === 1) type = text(v);
+        else if (n === 2) value = v;
+      }
+      if (type !== ERROR_INFO_TYPE || value === null) continue;
+      const info = { reason: '', domain: '', metadata: {} };
+      for (const [n, v] of protobufFields(value)) {
+        if (n === 1) info.reason = text(v);
+        else if (n === 2) info.domain = text(v);
+        else if (n === 3) {
+          let key = '';
+          let entry = '';
+          for (const [m, x] of protobufFields(v)) {
+            if (m === 1) key = text(x);
+            else if (m === 2) entry = text(x);
+          }
+          info.metadata[key] = entry;
+        }
+      }
+      return info;
+    }
+  } catch {
+    return null; // not a google.rpc.Status: no ErrorInfo to read
+  }
+  return null;
+}
+
 /** The name of a numeric gRPC status code ('FAILED_PRECONDITION'). */
 export function statusName(code) {
   return grpc.status[code] ?? `CODE_${code}`;
@@ -358,6 +435,8 @@ export class RetryBudgetError extends Error {
     this.details = details;
     /** The stable code ('attempt_out_of_order'): match on this, never on the message. */
     this.stableCode = stableCodeOf(details);
+    /** google.rpc.ErrorInfo: { reason, domain, metadata } with the values involved; null if absent. */
+    this.errorInfo = errorInfo(serviceError.metadata);
     /** Milliseconds the server asked to wait before calling again (A6); null if it did not say. */
     this.retryPushbackMs = retryPushbackMs(serviceError.metadata);
     /** The response trailers. */
@@ -388,13 +467,16 @@ export class RetryBudgetClient {
    * @param {string} address host:port of the server ('127.0.0.1:50051').
    * @param {object} [options]
    * @param {string} [options.tenant] sent as x-tenant-id on every call; absent means "default".
+   * @param {string} [options.apiKey] sent as `authorization: Bearer <key>` to a server run with
+   *   `--auth api-keys`; the tenant is then the key's (leave `tenant` out, or name the same one).
    * @param {number} [options.deadlineMs] how long each call may take (default 10 s).
    * @param {grpc.ChannelCredentials} [options.credentials] default: plaintext.
    * @param {object} [options.channelOptions] grpc-js channel options.
    */
-  constructor(address, { tenant, deadlineMs = DEFAULT_DEADLINE_MS, credentials, channelOptions } = {}) {
+  constructor(address, { tenant, apiKey, deadlineMs = DEFAULT_DEADLINE_MS, credentials, channelOptions } = {}) {
     this.address = address;
     this.tenant = tenant ?? null;
+    this.apiKey = apiKey ?? null;
     this.deadlineMs = deadlineMs;
     this.stub = new ServiceClient(address, credentials ?? grpc.credentials.createInsecure(), channelOptions);
   }
@@ -413,6 +495,7 @@ export class RetryBudgetClient {
     const message = encodeMessage(`${PACKAGE}.${requestType}`, request ?? {});
     const metadata = new grpc.Metadata();
     if (this.tenant) metadata.set(TENANT_HEADER, this.tenant);
+    if (this.apiKey) metadata.set('authorization', `Bearer ${this.apiKey}`);
     const deadline = Date.now() + (deadlineMs ?? this.deadlineMs);
     return new Promise((resolve, reject) => {
       this.stub[method](message, metadata, { deadline }, (err, response) => {

@@ -154,7 +154,7 @@ export async function runActivity(client, activityId, dependency, policy, log = 
   }
 }
 
-const USAGE = `usage: node worker_example.js [--server HOST:PORT] [--tenant NAME] [--activity-id ID]
+const USAGE = `usage: node worker_example.js [--server HOST:PORT] [--tenant NAME] [--api-key KEY] [--activity-id ID]
        [--failures N] [--error transient|permanent] [--max-attempts N] [--deadline SECONDS]
        [--base SECONDS] [--cap SECONDS]`;
 
@@ -173,6 +173,8 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
       options: {
         server: { type: 'string', default: '127.0.0.1:50051' },
         tenant: { type: 'string' },
+        // A server run with --auth api-keys; default $RETRY_BUDGET_API_KEY.
+        'api-key': { type: 'string', default: process.env.RETRY_BUDGET_API_KEY },
         'activity-id': { type: 'string' },
         failures: { type: 'string', default: '2' },
         error: { type: 'string', default: 'transient' },
@@ -194,6 +196,7 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
     args = {
       server: values.server,
       tenant: values.tenant,
+      apiKey: values['api-key'],
       activityId: values['activity-id'] ?? `example-${randomUUID().slice(0, 12)}`,
       failures: integer(values, 'failures'),
       ErrorType: values.error === 'transient' ? TransientError : PermanentError,
@@ -211,7 +214,7 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
 
   const dependency = new FlakyDependency(args.failures, args.ErrorType);
   log(`activity ${args.activityId}, policy ${JSON.stringify(args.policy)}, dependency fails ${args.failures} time(s)`);
-  const client = new RetryBudgetClient(args.server, { tenant: args.tenant });
+  const client = new RetryBudgetClient(args.server, { tenant: args.tenant, apiKey: args.apiKey });
   let code;
   try {
     code = await runActivity(client, args.activityId, dependency, args.policy, log);

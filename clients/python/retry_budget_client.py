@@ -198,7 +198,11 @@ def error_code(err: grpc.RpcError) -> str:
 
 
 class RetryBudget:
-    """A thin wrapper over the generated stub: one channel, one tenant."""
+    """A thin wrapper over the generated stub: one channel, one tenant.
+
+    ``api_key`` is sent as ``authorization: Bearer <key>`` to a server run
+    with ``--auth api-keys``; the tenant is then the key's (``tenant`` may be
+    left out, or must name the same tenant)."""
 
     def __init__(
         self,
@@ -206,17 +210,23 @@ class RetryBudget:
         tenant: Optional[str] = None,
         timeout: float = 10.0,
         channel: Optional[grpc.Channel] = None,
+        api_key: Optional[str] = None,
     ):
         self._own_channel = channel is None
         self.channel = channel if channel is not None else grpc.insecure_channel(target)
         self.stub = pb2_grpc.RetryBudgetStub(self.channel)
         self.tenant = tenant
         self.timeout = timeout
+        metadata = []
+        if tenant:
+            metadata.append(("x-tenant-id", tenant))
+        if api_key:
+            metadata.append(("authorization", "Bearer " + api_key))
+        self._metadata = tuple(metadata) or None
 
     # -- plumbing -----------------------------------------------------------
     def _call(self, method: str, request):
-        metadata = (("x-tenant-id", self.tenant),) if self.tenant else None
-        return getattr(self.stub, method)(request, timeout=self.timeout, metadata=metadata)
+        return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self._metadata)
 
     def close(self) -> None:
         if self._own_channel:

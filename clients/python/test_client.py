@@ -10,7 +10,9 @@ end (it must exit 0).
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 import os
 import signal
 import socket
@@ -77,9 +79,10 @@ def _health_status(target: str, timeout: float = 1.0) -> int:
 
 
 class Server:
-    def __init__(self, binary: str, workdir: str):
+    def __init__(self, binary: str, workdir: str, extra_args=()):
         self.binary = binary
         self.workdir = workdir
+        self.extra_args = list(extra_args)
         self.proc = None
         self.target = None
         self.log_path = os.path.join(workdir, "server.log")
@@ -91,7 +94,8 @@ class Server:
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(
                 [self.binary, "--listen", self.target,
-                 "--data-dir", os.path.join(self.workdir, "data"), "--drain-delay", "0s"],
+                 "--data-dir", os.path.join(self.workdir, "data"), "--drain-delay", "0s"]
+                + self.extra_args,
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
             )
             log.close()
@@ -180,7 +184,8 @@ def test_unspecified_error_class_is_invalid(client):
 
 def test_durable_report_replay_order_success_and_history(client):
     aid = "charge-" + uuid.uuid4().hex[:8]
-    t0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    # A minute ago, to the second: the server refuses times far from its clock.
+    t0 = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=1)
     policy = {"max_attempts": 4, "deadline_seconds": 3600}
 
     # 1. the first report creates the activity and decides
@@ -252,6 +257,29 @@ def test_tenants_do_not_mix(server, client):
             other.get_activity(aid)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
     assert client.get_activity(aid).closed_code == "fail_permanent"
+
+
+def test_an_api_key_proves_the_tenant():
+    # A key as `retry-budget keys add` makes them; the server keeps its SHA-256.
+    key = "rb_" + base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+    with tempfile.TemporaryDirectory(prefix="retry-budget-py-keys-") as workdir:
+        keys = os.path.join(workdir, "keys")
+        with open(keys, "w") as f:
+            f.write("acme:%s\n" % hashlib.sha256(key.encode()).hexdigest())
+        srv = Server(_binary(), workdir, ["--auth", "api-keys", "--api-keys-file", keys])
+        srv.start()
+        try:
+            with RetryBudget(srv.target, api_key=key) as c:
+                c.report_failure("py-auth-1", 1, "permanent")
+                assert c.get_activity("py-auth-1").tenant == "acme"
+            with RetryBudget(srv.target, tenant="acme") as anonymous:
+                with pytest.raises(grpc.RpcError) as e:
+                    anonymous.get_activity("py-auth-1")
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert error_code(e.value) == "unauthenticated"
+        finally:
+            rc = srv.stop()
+        assert rc == 0, srv.log()
 
 
 def test_worker_example_runs_to_success(server):

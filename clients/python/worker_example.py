@@ -134,6 +134,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="127.0.0.1:50051", help="host:port of retry-budget")
     ap.add_argument("--tenant", default=None, help="x-tenant-id (absent: default)")
+    ap.add_argument("--api-key", default=os.environ.get("RETRY_BUDGET_API_KEY"),
+                    help="bearer key for a server run with --auth api-keys "
+                         "(default: $RETRY_BUDGET_API_KEY)")
     ap.add_argument("--activity-id", default=None, help="default: a fresh example-<uuid>")
     ap.add_argument("--failures", type=int, default=2,
                     help="how many times the fake dependency fails first (default 2)")
@@ -157,7 +160,7 @@ def main(argv=None) -> int:
     print("activity %s, policy %s, dependency fails %d time(s)" % (
         activity_id, policy, args.failures))
     try:
-        with RetryBudget(args.target, tenant=args.tenant) as client:
+        with RetryBudget(args.target, tenant=args.tenant, api_key=args.api_key) as client:
             code = run_activity(client, activity_id, dependency, policy)
     except grpc.RpcError as err:
         print("retry-budget call failed: %s %s (code %s)" % (

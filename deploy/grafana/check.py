@@ -17,7 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-# What src/metrics.rs and src/metrics/{rpc,collect}.rs register, with the
+# What src/metrics.rs and src/metrics/{rpc,collect}.rs register (the TLS
+# ones only when TLS is on), with the
 # names Prometheus stores (counters with _total, info with _info).
 METRICS = {
     "retry_budget_build_info",
@@ -53,6 +54,9 @@ METRICS = {
     "retry_budget_coordination_target",
     "retry_budget_coordination_replicas",
     "retry_budget_coordination_status",
+    "retry_budget_tls_reloads_total",
+    "retry_budget_tls_certificate_expiry_timestamp_seconds",
+    "retry_budget_connections_refused_total",
 }
 HISTOGRAMS = {
     "retry_budget_rpc_duration_seconds",

@@ -2,7 +2,8 @@
 //! [`PermitSlot`], without decoding its body.
 //!
 //! # What it reads
-//! Only the request's path and its `x-tenant-id` header: the decision
+//! Only the request's path and its tenant, as the authentication layer
+//! (`crate::auth`) put it in the extensions: the decision
 //! whether the request is a retry needs the body and the stored activity,
 //! which are the handler's. So the layer takes a token *if the tenant's
 //! share has one free now* and lets the handler commit it or not; it never
@@ -12,10 +13,14 @@
 //! only in `call`.
 //!
 //! # Tenants
-//! An absent or empty header is the [`DEFAULT_TENANT`]. A header that is
-//! not a valid tenant id (1 to 128 printable ASCII characters) gets no
-//! permit at all: the handler rejects the request with `INVALID_ARGUMENT`,
-//! and the bucket never tracks an id made of garbage.
+//! The authentication layer decided who asks before this layer runs, and
+//! refused what it could not resolve; this layer charges that tenant.
+//! Without the authentication layer in front (a service driven in-process)
+//! the `x-tenant-id` header is read as the `none` mode reads it: absent is
+//! the [`DEFAULT_TENANT`], and a value that is not a valid tenant id (1 to
+//! 128 printable ASCII characters, so not empty) gets no permit at all: the
+//! handler rejects the request with `INVALID_ARGUMENT`, and the bucket
+//! never tracks an id made of garbage.
 
 use std::task::{Context, Poll};
 
@@ -24,14 +29,13 @@ use tower::Service;
 use super::handle::FairBucket;
 #[cfg(doc)]
 use super::permit::PermitSlot;
-use crate::budget::tenant;
 
 /// The one method whose requests take retry tokens.
 pub const NEXT_ACTION_PATH: &str = "/retrybudget.v1.RetryBudget/NextAction";
 pub use crate::budget::tenant::{DEFAULT_TENANT, TENANT_HEADER};
 
 /// Inserts a [`PermitSlot`] into the extensions of every `NextAction`
-/// request with a valid tenant; passes everything else through untouched.
+/// request with a tenant; passes everything else through untouched.
 #[derive(Debug, Clone)]
 pub struct RetryToken<S> {
     /// The wrapped service.
@@ -71,8 +75,7 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let slot = if request.uri().path() == NEXT_ACTION_PATH {
-            let header = request.headers().get(TENANT_HEADER);
-            tenant::parse(header.map(http::HeaderValue::as_bytes))
+            crate::auth::tenant_of(request.extensions(), request.headers())
                 .ok()
                 .map(|tenant| self.bucket.acquire(tenant))
         } else {

@@ -298,6 +298,9 @@ pub fn plan(
         && event.action == Some(Action::ScheduleRetry)
         && let Some(planned) = event.not_before_ms
     {
+        // The booked slot's token is this retry's: recorded as taken when
+        // the decision is (a dry run records nothing, and answers that it
+        // took nothing: see `Event::taken_by_this_call`).
         event.token_taken = true;
         event
             .reason
@@ -417,9 +420,13 @@ fn transition(
         code: code.to_owned(),
         reason,
         token_taken: false,
+        slot_booked: false,
         defer_reason: None,
         rule: None,
         hint: None,
         recorded_at_ms: now_ms,
     })
 }
+
+#[cfg(test)]
+mod tests;

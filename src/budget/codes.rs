@@ -56,8 +56,20 @@ pub const ACTIVITY_ID_CONTROL_CHARACTER: &str = "activity_id_control_character";
 pub const INVALID_TENANT: &str = "invalid_tenant";
 /// A workflow id that is too long or has control characters.
 pub const INVALID_WORKFLOW_ID: &str = "invalid_workflow_id";
-/// A timestamp outside the range the service can represent.
+/// A timestamp outside `google.protobuf.Timestamp`'s range (0001-01-01 to
+/// 9999-12-31, nanos 0 to 999,999,999).
 pub const INVALID_TIMESTAMP: &str = "invalid_timestamp";
+/// A valid timestamp further from the server's clock than
+/// `[limits] max_timestamp_past` or `max_timestamp_future` allow.
+pub const TIMESTAMP_IMPLAUSIBLE: &str = "timestamp_implausible";
+/// A request whose string field is not valid UTF-8 (`INVALID_ARGUMENT`).
+pub const INVALID_UTF8: &str = "invalid_utf8";
+/// A request whose bytes are not a protobuf message of its type
+/// (`INVALID_ARGUMENT`).
+pub const MALFORMED_REQUEST: &str = "malformed_request";
+/// A request message larger than `[limits] max_message_bytes`
+/// (`RESOURCE_EXHAUSTED`).
+pub const MESSAGE_TOO_LARGE: &str = "message_too_large";
 /// A failure reported at a logical time before the activity started.
 pub const OCCURRED_BEFORE_START: &str = "occurred_before_start";
 /// A resolution that is neither fail nor retry.
@@ -106,11 +118,34 @@ pub const SHUTTING_DOWN: &str = "shutting_down";
 /// Something unexpected failed inside the server (`INTERNAL`); the details
 /// are in its log, not in the answer.
 pub const INTERNAL: &str = "internal";
+/// A call on a connection past the server's `max_connections`
+/// (`UNAVAILABLE`, with a time to come back): the connection is closed
+/// after the answer, and a new one may find room or another replica.
+pub const TOO_MANY_CONNECTIONS: &str = "too_many_connections";
+/// A call still running at the server's `request_timeout`
+/// (`DEADLINE_EXCEEDED`); a save already handed to the store commits all
+/// the same, and the same report again replays it.
+pub const REQUEST_TIMEOUT: &str = "request_timeout";
 /// The configuration file cannot be read.
 pub const CONFIG_UNREADABLE: &str = "config_unreadable";
 /// The configuration file, or a flag or variable, is not a valid
 /// configuration.
 pub const CONFIG_INVALID: &str = "config_invalid";
+
+// Who asks (authentication, `src/auth/`).
+
+/// No `x-tenant-id` where the configuration requires one
+/// (`auth.default_tenant = ""`): `INVALID_ARGUMENT`.
+pub const TENANT_REQUIRED: &str = "tenant_required";
+/// No credential, or one the server does not accept (`UNAUTHENTICATED`);
+/// which of the two is never said.
+pub const UNAUTHENTICATED: &str = "unauthenticated";
+/// The caller proved one tenant and named another in `x-tenant-id`
+/// (`PERMISSION_DENIED`).
+pub const TENANT_MISMATCH: &str = "tenant_mismatch";
+/// The mesh proved an identity that the configured pattern maps to no
+/// tenant (`PERMISSION_DENIED`).
+pub const IDENTITY_NOT_MAPPED: &str = "identity_not_mapped";
 
 // The store.
 
@@ -154,6 +189,10 @@ pub const ALL: &[&str] = &[
     INVALID_TENANT,
     INVALID_WORKFLOW_ID,
     INVALID_TIMESTAMP,
+    TIMESTAMP_IMPLAUSIBLE,
+    INVALID_UTF8,
+    MALFORMED_REQUEST,
+    MESSAGE_TOO_LARGE,
     OCCURRED_BEFORE_START,
     UNKNOWN_RESOLUTION,
     ATTEMPT_OUT_OF_ORDER,
@@ -171,8 +210,14 @@ pub const ALL: &[&str] = &[
     GRPC_PUSHBACK_DO_NOT_RETRY,
     SHUTTING_DOWN,
     INTERNAL,
+    TOO_MANY_CONNECTIONS,
+    REQUEST_TIMEOUT,
     CONFIG_UNREADABLE,
     CONFIG_INVALID,
+    TENANT_REQUIRED,
+    UNAUTHENTICATED,
+    TENANT_MISMATCH,
+    IDENTITY_NOT_MAPPED,
     STORE_UNAVAILABLE,
     STORE_CORRUPT,
     STORE_CLOSED,

@@ -109,6 +109,7 @@ pub fn decide(
         code: String::new(),
         reason: String::new(),
         token_taken: false,
+        slot_booked: false,
         defer_reason: None,
         rule: failure.rule.map(str::to_owned),
         hint,
@@ -210,16 +211,29 @@ pub fn settle(
     }
     event.action = Some(Action::Deferred);
     event.code = codes::DEFERRED.to_owned();
-    event.token_taken = booked;
+    // A booked slot is a promise, not a token in hand: the token is taken
+    // when the activity reports the attempt again at `not_before`.
+    event.token_taken = false;
+    event.slot_booked = booked;
     event.defer_reason = Some(reason.to_owned());
     let what = if booked {
         "a slot is booked for this activity"
     } else {
         "no slot could be booked yet; the next turn comes"
     };
+    // `not_before` is whichever comes later: the slot, on the service's
+    // clock (`now_ms + wait`), or the retry's planned start, in the
+    // caller's logical time (`occurred_at + delay`). The reason measures it
+    // from the one that set it.
+    let when = match event.not_before_ms {
+        Some(planned) if planned > slot_ms => format!(
+            "{what}; the retry's planned start, {} after occurred_at, is later",
+            seconds(planned.saturating_sub(event.occurred_at_ms))
+        ),
+        _ => format!("{what} {} from now", seconds(wait_ms)),
+    };
     event.reason = format!(
-        "retry capacity is exhausted ({reason}); {what} {} from now: report attempt {} again then",
-        seconds(not_before.saturating_sub(event.recorded_at_ms)),
+        "retry capacity is exhausted ({reason}); {when}: report attempt {} again then",
         event.attempt
     );
     event.not_before_ms = Some(not_before);

@@ -2,8 +2,11 @@
 //! each refusal has a stable code (see [`codes`]) and a kind the gRPC edge
 //! maps to a status.
 
+use std::time::Duration;
+
 use super::codes;
-use super::tenant::MAX_TENANT_BYTES;
+use super::tenant::{MAX_TENANT_BYTES, TENANT_HEADER};
+use super::timestamp::{MAX_SECONDS, MIN_SECONDS, Side, describe, rfc3339};
 
 /// The longest activity or workflow id, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -54,11 +57,38 @@ pub enum BudgetError {
         codes::INVALID_WORKFLOW_ID
     )]
     InvalidWorkflowId,
-    /// A timestamp the service cannot represent in milliseconds.
-    #[error("{}: {field} is out of range", codes::INVALID_TIMESTAMP)]
+    /// A timestamp outside `google.protobuf.Timestamp`'s range.
+    #[error(
+        "{}: {field} {{seconds: {seconds}, nanos: {nanos}}} is not a valid Timestamp \
+         (0001-01-01 to 9999-12-31, nanos 0 to 999999999)",
+        codes::INVALID_TIMESTAMP
+    )]
     InvalidTimestamp {
         /// The field that holds it.
         field: &'static str,
+        /// Its seconds, as sent.
+        seconds: i64,
+        /// Its nanos, as sent.
+        nanos: i32,
+    },
+    /// A valid timestamp too far from the server's clock.
+    #[error(
+        "{}: {field} {} is {}",
+        codes::TIMESTAMP_IMPLAUSIBLE,
+        rfc3339(*at_ms),
+        describe(*side, *limit)
+    )]
+    TimestampImplausible {
+        /// The field that holds it.
+        field: &'static str,
+        /// Its value, unix milliseconds.
+        at_ms: i64,
+        /// The server's clock, unix milliseconds.
+        now_ms: i64,
+        /// Which bound it broke.
+        side: Side,
+        /// That bound.
+        limit: Duration,
     },
     /// A failure reported before the activity's first failure.
     #[error(
@@ -150,6 +180,7 @@ impl BudgetError {
             Self::InvalidTenant => codes::INVALID_TENANT,
             Self::InvalidWorkflowId => codes::INVALID_WORKFLOW_ID,
             Self::InvalidTimestamp { .. } => codes::INVALID_TIMESTAMP,
+            Self::TimestampImplausible { .. } => codes::TIMESTAMP_IMPLAUSIBLE,
             Self::OccurredBeforeStart { .. } => codes::OCCURRED_BEFORE_START,
             Self::UnknownResolution => codes::UNKNOWN_RESOLUTION,
             Self::AttemptOutOfOrder { .. } => codes::ATTEMPT_OUT_OF_ORDER,
@@ -169,6 +200,90 @@ impl BudgetError {
             | Self::ActivityNotParked { .. } => ErrorKind::FailedPrecondition,
             Self::ActivityNotFound { .. } => ErrorKind::NotFound,
             _ => ErrorKind::InvalidArgument,
+        }
+    }
+
+    /// The values involved, as `google.rpc.ErrorInfo.metadata`: a client
+    /// reads which field, which limit, what it sent and what is stored
+    /// without parsing the message. Keys are snake_case and stable; `field`
+    /// names a request field by its path in the request (`occurred_at`,
+    /// `activity_id`).
+    pub fn metadata(&self) -> Vec<(&'static str, String)> {
+        let field = |name: &'static str| ("field", name.to_owned());
+        match self {
+            Self::AttemptMustBePositive => vec![field("attempt"), ("got", "0".to_owned())],
+            Self::UnknownErrorClass => vec![field("error_class")],
+            Self::EmptyActivityId => vec![field("activity_id")],
+            Self::ActivityIdTooLong { len } => vec![
+                field("activity_id"),
+                ("size", len.to_string()),
+                ("limit", MAX_ID_BYTES.to_string()),
+            ],
+            Self::ActivityIdControlCharacter { at } => {
+                vec![field("activity_id"), ("at", at.to_string())]
+            }
+            Self::InvalidTenant => vec![
+                ("header", TENANT_HEADER.to_owned()),
+                ("limit", MAX_TENANT_BYTES.to_string()),
+            ],
+            Self::InvalidWorkflowId => {
+                vec![field("workflow_id"), ("limit", MAX_ID_BYTES.to_string())]
+            }
+            Self::InvalidTimestamp {
+                field: name,
+                seconds,
+                nanos,
+            } => vec![
+                field(name),
+                ("seconds", seconds.to_string()),
+                ("nanos", nanos.to_string()),
+                ("min", rfc3339(MIN_SECONDS * 1000)),
+                ("max", rfc3339(MAX_SECONDS * 1000 + 999)),
+            ],
+            Self::TimestampImplausible {
+                field: name,
+                at_ms,
+                now_ms,
+                side,
+                limit,
+            } => vec![
+                field(name),
+                ("value", rfc3339(*at_ms)),
+                ("server_time", rfc3339(*now_ms)),
+                ("bound", side.bound().to_owned()),
+                ("limit", humantime::format_duration(*limit).to_string()),
+            ],
+            Self::OccurredBeforeStart {
+                occurred_at_ms,
+                started_at_ms,
+            } => vec![
+                field("occurred_at"),
+                ("occurred_at", rfc3339(*occurred_at_ms)),
+                ("started_at", rfc3339(*started_at_ms)),
+            ],
+            Self::UnknownResolution => vec![field("resolution")],
+            Self::AttemptOutOfOrder { expected, got } => vec![
+                field("attempt"),
+                ("expected", expected.to_string()),
+                ("got", got.to_string()),
+            ],
+            Self::ActivityClosed { code, attempts } => vec![
+                ("status", "closed".to_owned()),
+                ("closed_code", code.clone()),
+                ("attempts", attempts.to_string()),
+            ],
+            Self::ActivityParked { attempts } => vec![
+                ("status", "parked".to_owned()),
+                ("attempts", attempts.to_string()),
+            ],
+            Self::ActivityNotParked { status } => vec![("status", (*status).to_owned())],
+            Self::ActivityNotFound {
+                tenant,
+                activity_id,
+            } => vec![
+                ("tenant", tenant.clone()),
+                ("activity_id", activity_id.clone()),
+            ],
         }
     }
 }

@@ -128,8 +128,14 @@ pub struct Event {
     pub code: String,
     /// Why, for people.
     pub reason: String,
-    /// Whether a global retry token was taken (or reserved) for it.
+    /// Whether a global retry token was taken for it: granted by the
+    /// bucket, or the slot a deferral booked, redeemed.
     pub token_taken: bool,
+    /// A deferral only: whether a slot is booked for the activity at
+    /// `not_before_ms` (its token is the activity's then); no token was
+    /// taken yet.
+    #[serde(default)]
+    pub slot_booked: bool,
     /// Why the retry was deferred, a stable code (deferrals only).
     #[serde(default)]
     pub defer_reason: Option<String>,
@@ -142,6 +148,23 @@ pub struct Event {
     pub hint: Option<Hint>,
     /// When the service recorded it, unix milliseconds (audit only).
     pub recorded_at_ms: i64,
+}
+
+impl Event {
+    /// Whether the call answered with this event took a global token
+    /// itself: not a replay (which returns a decision taken before, whose
+    /// token was that call's), and not a dry run (which takes nothing).
+    /// The recorded event keeps its own `token_taken`: its history.
+    pub fn taken_by_this_call(&self, replayed: bool, dry_run: bool) -> bool {
+        self.token_taken && !replayed && !dry_run
+    }
+
+    /// Whether the call answered with this event may count on a booked slot
+    /// at `not_before_ms`: a deferral that booked one, answered now or
+    /// replayed while it is pending; never a dry run's.
+    pub fn slot_booked_for_caller(&self, dry_run: bool) -> bool {
+        self.slot_booked && !dry_run
+    }
 }
 
 /// A pending deferral of an activity's retry. Asked again before

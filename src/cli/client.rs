@@ -2,12 +2,13 @@
 //! `next-action` answer from the core as the server would; `explain` asks a
 //! running server for an activity and prints its budget and every decision.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
 
-use super::{Command, ENV_SERVER};
+use super::{Command, ENV_API_KEY, ENV_SERVER};
 use crate::budget::tenant::{DEFAULT_TENANT, TENANT_HEADER};
 use crate::budget::{Budget, DelayParams, ErrorClass, next_action, retry_delay};
 use crate::grpc::pb;
@@ -65,6 +66,92 @@ pub struct ExplainArgs {
     /// The server to ask.
     #[arg(long, env = ENV_SERVER, default_value = "http://127.0.0.1:50051")]
     pub server: String,
+    /// The API key to send as `authorization: Bearer` (a server with
+    /// `--auth api-keys`); the tenant is then the key's.
+    #[arg(long, env = ENV_API_KEY, hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// How to reach it over TLS.
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
+}
+
+/// The client commands' TLS: used when the server's URL is `https://` or
+/// any of these is given (an `http://` URL is then read as `https://`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClientTlsArgs {
+    /// Verify the server's certificate with this CA (PEM) instead of the
+    /// system's roots.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Present this client certificate (PEM) to a server that requires one
+    /// (mutual TLS); with `--tls-key`.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The name the server's certificate must carry, when it is not the
+    /// host of `--server` (an address, or a name behind a tunnel).
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
+}
+
+impl ClientTlsArgs {
+    fn wanted(&self) -> bool {
+        self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_server_name.is_some()
+    }
+
+    /// A channel to `server`, over TLS as these options say.
+    ///
+    /// # Errors
+    /// Why a file cannot be read or the server cannot be reached, for
+    /// people.
+    pub async fn connect(&self, server: &str) -> Result<tonic::transport::Channel, String> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let https = server.starts_with("https://");
+        let url = match server.strip_prefix("http://") {
+            Some(rest) if self.wanted() => format!("https://{rest}"),
+            _ => server.to_owned(),
+        };
+        let mut endpoint =
+            Endpoint::from_shared(url).map_err(|e| format!("invalid server {server:?}: {e}"))?;
+        if https || self.wanted() {
+            let mut tls = ClientTlsConfig::new();
+            tls = match &self.tls_ca {
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+                None => tls.with_native_roots(),
+            };
+            if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            if let Some(name) = &self.tls_server_name {
+                tls = tls.domain_name(name.clone());
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("TLS to {server}: {e}"))?;
+        }
+        endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("cannot reach {server}: {}", with_sources(&e)))
+    }
+}
+
+/// An error and its causes, for people: tonic's transport error alone says
+/// only "transport error".
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn parse_attempts(s: &str) -> Result<(u32, u32), String> {
@@ -89,6 +176,7 @@ pub async fn run_client(command: Command) -> ExitCode {
     match command {
         Command::Serve(_) => ExitCode::from(2),
         Command::Migrate(args) => super::migrate(&args).await,
+        Command::Keys(args) => super::keys::keys(&args),
         Command::Delay(args) => delay(&args),
         Command::NextAction(args) => next_action_command(&args),
         Command::Explain(args) => match explain(&args).await {
@@ -161,9 +249,7 @@ fn next_action_command(args: &NextActionArgs) -> ExitCode {
 
 async fn explain(args: &ExplainArgs) -> Result<String, String> {
     use pb::retry_budget_client::RetryBudgetClient;
-    let mut client = RetryBudgetClient::connect(args.server.clone())
-        .await
-        .map_err(|e| format!("cannot reach {}: {e}", args.server))?;
+    let mut client = RetryBudgetClient::new(args.tls.connect(&args.server).await?);
     let mut request = tonic::Request::new(pb::GetActivityRequest {
         activity_id: args.activity_id.clone(),
     });
@@ -172,6 +258,12 @@ async fn explain(args: &ExplainArgs) -> Result<String, String> {
         .parse()
         .map_err(|_| format!("invalid tenant {:?}", args.tenant))?;
     request.metadata_mut().insert(TENANT_HEADER, tenant);
+    if let Some(key) = &args.api_key {
+        let bearer = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| "the API key has characters a header cannot carry".to_owned())?;
+        request.metadata_mut().insert("authorization", bearer);
+    }
     let activity = client
         .get_activity(request)
         .await
@@ -243,7 +335,13 @@ fn render_activity(a: &pb::Activity) -> String {
                 rfc3339(e.not_before.as_ref()),
                 e.delay_ms,
                 e.backoff_ms,
-                if e.token_taken { ", token taken" } else { "" }
+                if e.token_taken {
+                    ", token taken"
+                } else if e.slot_booked {
+                    ", slot booked"
+                } else {
+                    ""
+                }
             );
         }
         let _ = writeln!(out, "\n      {}", e.reason);

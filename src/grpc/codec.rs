@@ -6,9 +6,13 @@
 //! field: each varint asks for the chunk and advances the `BytesMut` under
 //! it. The message's bytes are always contiguous there, so this codec gives
 //! prost the slice instead (a `&[u8]` is a `Buf` whose reads inline), and
-//! advances the buffer once. Encoding is tonic-prost's. Malformed messages
-//! are refused as tonic-prost refuses them (`INTERNAL`, with prost's
-//! reason).
+//! advances the buffer once. Encoding is tonic-prost's.
+//!
+//! Bytes that are not a message of their type are the sender's fault when
+//! the sender is a client: the server refuses such a request with
+//! `INVALID_ARGUMENT` and a stable code ([`Received`]): `invalid_utf8`
+//! naming the string field, `malformed_request` otherwise. A client that
+//! cannot decode a response says `INTERNAL`, as tonic-prost does.
 //!
 //! Both directions start from a buffer of [`BUFFER_SIZE`] instead of
 //! tonic's 8 KiB. tonic allocates one a call for the request and one for
@@ -57,7 +61,7 @@ impl<T, U> Default for SliceCodec<T, U> {
 impl<T, U> Codec for SliceCodec<T, U>
 where
     T: Message + Send + 'static,
-    U: Message + Default + Send + 'static,
+    U: Message + Default + Received + Send + 'static,
 {
     type Encode = T;
     type Decode = U;
@@ -77,7 +81,7 @@ where
 #[derive(Debug, Clone, Default)]
 pub struct SliceDecoder<U>(PhantomData<U>);
 
-impl<U: Message + Default> Decoder for SliceDecoder<U> {
+impl<U: Message + Default + Received> Decoder for SliceDecoder<U> {
     type Item = U;
     type Error = Status;
 
@@ -91,11 +95,57 @@ impl<U: Message + Default> Decoder for SliceDecoder<U> {
             // Not contiguous (not seen with tonic 0.14): prost reads it as is.
             U::decode(buf)
         };
-        item.map(Some)
-            .map_err(|error| Status::internal(error.to_string()))
+        item.map(Some).map_err(U::undecodable)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
         buffer_settings()
     }
 }
+
+/// A message this API receives, and what its receiver answers when the
+/// bytes are not one: each message of `retrybudget.v1` is a request (the
+/// server receives it) or a response (a client receives it).
+pub trait Received {
+    /// The status of bytes that do not decode as this message.
+    fn undecodable(error: prost::DecodeError) -> Status;
+}
+
+/// Requests: the client sent bytes that are not the message, a refusal
+/// with a stable code (`status::undecodable`).
+macro_rules! requests {
+    ($($message:ident),* $(,)?) => {$(
+        impl Received for super::pb::$message {
+            fn undecodable(error: prost::DecodeError) -> Status {
+                super::status::undecodable(stringify!($message), &error)
+            }
+        }
+    )*};
+}
+
+/// Responses: the server sent bytes that are not the message; the client
+/// says so as tonic-prost does.
+macro_rules! responses {
+    ($($message:ident),* $(,)?) => {$(
+        impl Received for super::pb::$message {
+            fn undecodable(error: prost::DecodeError) -> Status {
+                Status::internal(error.to_string())
+            }
+        }
+    )*};
+}
+
+requests!(
+    RetryDelayRequest,
+    NextActionRequest,
+    RecordSuccessRequest,
+    ResolveActivityRequest,
+    GetActivityRequest,
+);
+responses!(
+    RetryDelayResponse,
+    NextActionResponse,
+    RecordSuccessResponse,
+    ResolveActivityResponse,
+    Activity,
+);

@@ -5,20 +5,23 @@ use crate::metrics::DecisionLabels;
 use prost_types::Timestamp;
 use tonic::metadata::MetadataMap;
 
-use super::{TENANT_HEADER, pb};
+use super::pb;
 use crate::budget::activity::{
     ActivityRecord, BudgetError, Event, EventKind, Policy, Resolution, Status,
 };
 use crate::budget::classify::{Failure, NetworkFailure, Reach, Safety};
 use crate::budget::hint::{Hint, RawHints, RetryInfoDelay};
-use crate::budget::tenant;
+use crate::budget::timestamp::{self, TimeBounds};
 use crate::budget::{Action, ErrorClass};
 use crate::ledger::Decided;
 
-/// The tenant named by the `x-tenant-id` metadata, by the core's one
-/// parser (absent or empty means `default`, as the token layer reads it).
-pub(super) fn tenant(metadata: &MetadataMap) -> Result<&str, BudgetError> {
-    tenant::parse(metadata.get(TENANT_HEADER).map(|v| v.as_bytes()))
+/// The tenant the request acts for, as the authentication layer resolved
+/// it (see `crate::auth::tenant_of`), the same the token layer charged.
+pub(super) fn tenant<'a>(
+    extensions: &'a http::Extensions,
+    metadata: &'a MetadataMap,
+) -> Result<&'a str, BudgetError> {
+    crate::auth::tenant_of(extensions, metadata.as_ref())
 }
 
 /// The class of a wire `ErrorClass`; unspecified and unknown numbers are the
@@ -128,16 +131,17 @@ pub(super) fn status_to_pb(status: Status) -> pb::ActivityStatus {
     }
 }
 
-/// Unix milliseconds of a timestamp.
-pub(super) fn millis(ts: &Timestamp, field: &'static str) -> Result<i64, BudgetError> {
-    let invalid = BudgetError::InvalidTimestamp { field };
-    if !(0..1_000_000_000).contains(&ts.nanos) {
-        return Err(invalid);
-    }
-    ts.seconds
-        .checked_mul(1000)
-        .and_then(|ms| ms.checked_add(i64::from(ts.nanos / 1_000_000)))
-        .ok_or(invalid)
+/// The unix milliseconds of the client's timestamp in `field`, if sent,
+/// as the core checks it (see [`crate::budget::timestamp`]) against the
+/// server's clock `now_ms`.
+pub(super) fn client_time(
+    ts: Option<&Timestamp>,
+    field: &'static str,
+    now_ms: i64,
+    bounds: &TimeBounds,
+) -> Result<Option<i64>, BudgetError> {
+    ts.map(|ts| timestamp::check(ts.seconds, ts.nanos, field, now_ms, bounds))
+        .transpose()
 }
 
 /// The timestamp of unix milliseconds.
@@ -190,6 +194,7 @@ impl From<&Event> for pb::ActivityEvent {
             code: e.code.clone(),
             reason: e.reason.clone(),
             token_taken: e.token_taken,
+            slot_booked: e.slot_booked,
             recorded_at: Some(timestamp(e.recorded_at_ms)),
             defer_reason: e.defer_reason.clone().unwrap_or_default(),
             rule: e.rule.clone().unwrap_or_default(),
@@ -220,49 +225,51 @@ impl From<ActivityRecord> for pb::Activity {
     }
 }
 
-/// A decision as `NextAction` answers it: the pure form's own event, moved.
-impl From<Event> for pb::NextActionResponse {
-    fn from(e: Event) -> Self {
-        debug_assert_eq!(e.kind, EventKind::Decision);
-        Self {
-            action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
-            code: e.code,
-            delay_seconds: e.delay_seconds,
-            delay_ms: e.delay_ms,
-            not_before: e.not_before_ms.map(timestamp),
-            replayed: false,
-            reason: e.reason,
-            attempt: e.attempt,
-            policy: None,
-            policy_conflict: false,
-            class_conflict: false,
-            dry_run: false,
-            error_class: e
-                .class
-                .map_or(pb::ErrorClass::Unspecified, error_class_to_pb)
-                as i32,
-            hint: e.hint.as_ref().map(pb::ServerHint::from),
-            rule: e.rule.unwrap_or_default(),
-            // A retry with a reason to defer is one shadow mode let go.
-            would_defer: e.action == Some(Action::ScheduleRetry) && e.defer_reason.is_some(),
-            token_taken: e.token_taken,
-            defer_reason: e.defer_reason.unwrap_or_default(),
-        }
+/// A decision as `NextAction` answers it: the event, moved, as the call
+/// answered with it sees it (`replayed`, `dry_run`: see
+/// [`Event::taken_by_this_call`]).
+pub(super) fn decision(e: Event, replayed: bool, dry_run: bool) -> pb::NextActionResponse {
+    debug_assert_eq!(e.kind, EventKind::Decision);
+    let token_taken = e.taken_by_this_call(replayed, dry_run);
+    let slot_booked = e.slot_booked_for_caller(dry_run);
+    pb::NextActionResponse {
+        action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
+        code: e.code,
+        delay_seconds: e.delay_seconds,
+        delay_ms: e.delay_ms,
+        not_before: e.not_before_ms.map(timestamp),
+        replayed,
+        reason: e.reason,
+        attempt: e.attempt,
+        policy: None,
+        policy_conflict: false,
+        class_conflict: false,
+        dry_run,
+        error_class: e
+            .class
+            .map_or(pb::ErrorClass::Unspecified, error_class_to_pb) as i32,
+        hint: e.hint.as_ref().map(pb::ServerHint::from),
+        rule: e.rule.unwrap_or_default(),
+        // A retry with a reason to defer is one shadow mode let go.
+        would_defer: e.action == Some(Action::ScheduleRetry) && e.defer_reason.is_some(),
+        token_taken,
+        slot_booked,
+        defer_reason: e.defer_reason.unwrap_or_default(),
     }
 }
 
 /// A durable decision: the recorded event (shared with the record just
-/// saved, or the stored one for a replay, so its strings are copied) and
-/// what the ledger says of it.
-impl From<Decided> for pb::NextActionResponse {
-    fn from(d: Decided) -> Self {
-        Self {
-            replayed: d.replayed,
-            policy: Some(d.policy.into()),
-            policy_conflict: d.policy_conflict,
-            class_conflict: d.class_conflict,
-            ..Self::from(std::sync::Arc::unwrap_or_clone(d.event))
-        }
+/// saved, or the stored one for a replay) and what the ledger says of it.
+pub(super) fn durable_decision(d: Decided, dry_run: bool) -> pb::NextActionResponse {
+    pb::NextActionResponse {
+        policy: Some(d.policy.into()),
+        policy_conflict: d.policy_conflict,
+        class_conflict: d.class_conflict,
+        ..decision(
+            std::sync::Arc::unwrap_or_clone(d.event),
+            d.replayed,
+            dry_run,
+        )
     }
 }
 
@@ -328,32 +335,13 @@ mod tests {
 
     #[test]
     fn timestamps_round_trip_including_before_1970() {
+        let loose = TimeBounds {
+            max_past: std::time::Duration::MAX,
+            max_future: std::time::Duration::MAX,
+        };
         for ms in [0, 1, 999, 1000, -1, -999, -1001, 1_700_000_000_123] {
-            assert_eq!(millis(&timestamp(ms), "t").unwrap(), ms);
-        }
-    }
-
-    #[test]
-    fn out_of_range_timestamps_are_rejected() {
-        let bad = [
-            Timestamp {
-                seconds: 0,
-                nanos: -1,
-            },
-            Timestamp {
-                seconds: 0,
-                nanos: 1_000_000_000,
-            },
-            Timestamp {
-                seconds: i64::MAX,
-                nanos: 0,
-            },
-        ];
-        for ts in bad {
-            assert_eq!(
-                millis(&ts, "occurred_at").unwrap_err().code(),
-                "invalid_timestamp"
-            );
+            let read = client_time(Some(&timestamp(ms)), "t", 0, &loose).unwrap();
+            assert_eq!(read, Some(ms));
         }
     }
 

@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use tonic::{Request, Response, Status};
 
-use super::convert::{self, millis};
+use super::convert::{self, client_time};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
 use crate::bucket::{FairBucket, PermitSlot};
@@ -19,6 +19,7 @@ use crate::budget::activity::{
 };
 use crate::budget::classify::RuleSet;
 use crate::budget::decision::{Failure, PureReport, decide_pure};
+use crate::budget::timestamp::TimeBounds;
 use crate::budget::{Budget, DelayParams, ErrorClass, retry_delay};
 use crate::clock::now_ms;
 use crate::ledger::{Decided, Ledger, SuccessOutcome};
@@ -57,6 +58,8 @@ pub struct RetryBudgetService<S> {
     rules: Arc<ArcSwap<RuleSet>>,
     /// Where decisions are counted, when metrics are on.
     metrics: Option<Metrics>,
+    /// How far from the server's clock a client's timestamp may be.
+    time_bounds: TimeBounds,
 }
 
 impl<S> RetryBudgetService<S> {
@@ -74,7 +77,16 @@ impl<S> RetryBudgetService<S> {
             bucket,
             rules,
             metrics: None,
+            time_bounds: TimeBounds::default(),
         }
+    }
+
+    /// Refuses client timestamps further from the server's clock than
+    /// `bounds` (`[limits] max_timestamp_past`, `max_timestamp_future`).
+    #[must_use]
+    pub fn with_time_bounds(mut self, bounds: TimeBounds) -> Self {
+        self.time_bounds = bounds;
+        self
     }
 
     /// Counts every `NextAction` answer in `metrics`.
@@ -99,8 +111,7 @@ impl<S> RetryBudgetService<S> {
         dry_run: bool,
         log: Option<&DecisionLog>,
     ) -> Response<pb::NextActionResponse> {
-        let mut response = pb::NextActionResponse::from(decided);
-        response.dry_run = dry_run;
+        let response = convert::durable_decision(decided, dry_run);
         self.observe(&response);
         if let Some(log) = log {
             log_decision(&log.tenant, &log.activity, log.trace.as_deref(), &response);
@@ -112,12 +123,27 @@ impl<S> RetryBudgetService<S> {
 fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, BudgetError> {
     validate_activity_id(&activity_id)?;
     Ok(ActivityKey {
-        tenant: convert::tenant(request.metadata())?.to_owned(),
+        tenant: convert::tenant(request.extensions(), request.metadata())?.to_owned(),
         activity_id,
     })
 }
 
 impl<S: Store> RetryBudgetService<S> {
+    /// When the failure occurred, if the request says, checked against the
+    /// server's clock `now`.
+    fn occurred_at(
+        &self,
+        req: &pb::NextActionRequest,
+        now: i64,
+    ) -> Result<Option<i64>, BudgetError> {
+        client_time(
+            req.occurred_at.as_ref(),
+            "occurred_at",
+            now,
+            &self.time_bounds,
+        )
+    }
+
     /// The class of a reported failure: the worker's own, else what
     /// `rules` (the version in force when the request came, see
     /// [`Self::rules`]) make of the raw failure, with the rule that matched.
@@ -144,31 +170,33 @@ impl<S: Store> RetryBudgetService<S> {
     /// `NextAction`: the pure form answered, or the durable form's wait.
     fn next_action_now(
         &self,
-        request: Request<pb::NextActionRequest>,
+        mut request: Request<pb::NextActionRequest>,
     ) -> Result<Answer<'_>, Status> {
         self.draining.check()?;
-        let (metadata, mut extensions, req) = request.into_parts();
+        let slot = request.extensions_mut().remove::<PermitSlot>();
         // Read only when decisions are logged: a worker's trace id finds
         // its decision in the log.
         let trace = tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG)
-            .then(|| convert::trace_id(&metadata).map(str::to_owned));
-        let slot = extensions.remove::<PermitSlot>();
+            .then(|| convert::trace_id(request.metadata()).map(str::to_owned));
         // The token layer read and checked the tenant when it gave the
         // request a slot; without one (no layer, or an invalid id) the
         // handler reads it, and rejects an invalid one.
         let tenant = match &slot {
             Some(slot) => slot.tenant(),
-            None => convert::tenant(&metadata)?,
+            None => convert::tenant(request.extensions(), request.metadata())?,
         };
+        // The pure form reads the message where it is; only the durable
+        // one, which keeps it past this call, takes it out.
+        let req = request.get_ref();
         if let Some(budget) = &req.budget {
-            let response = self.next_action_pure(tenant, slot.as_ref(), budget, &req)?;
+            let response = self.next_action_pure(tenant, slot.as_ref(), budget, req)?;
             if let Some(trace) = trace {
                 log_decision(tenant, &req.activity_id, trace.as_deref(), &response);
             }
             return Ok(Box::pin(ready(Ok(Response::new(response)))));
         }
         let tenant = tenant.to_owned();
-        self.next_action_durable(tenant, slot, req, trace)
+        self.next_action_durable(tenant, slot, request.into_inner(), trace)
     }
 
     /// `NextAction` with a `budget`: decided by the core on the budget as
@@ -182,6 +210,7 @@ impl<S: Store> RetryBudgetService<S> {
     ) -> Result<pb::NextActionResponse, Status> {
         let rules = self.rules();
         let (class, rule) = Self::classify(&rules, req, tenant)?;
+        let now = now_ms();
         let report = PureReport {
             budget: Budget {
                 attempts: budget.attempts,
@@ -193,7 +222,7 @@ impl<S: Store> RetryBudgetService<S> {
                 class,
                 rule,
                 hints: req.error.as_ref().and_then(convert::raw_hints),
-                occurred_at_ms: occurred_at(req)?,
+                occurred_at_ms: self.occurred_at(req, now)?,
             },
             activity_id: &req.activity_id,
             params: req
@@ -201,9 +230,8 @@ impl<S: Store> RetryBudgetService<S> {
                 .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params()),
         };
         let gate = (!req.dry_run).then_some(slot);
-        let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now_ms())?;
-        let mut response = pb::NextActionResponse::from(event);
-        response.dry_run = req.dry_run;
+        let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now)?;
+        let response = convert::decision(event, false, req.dry_run);
         self.observe(&response);
         Ok(response)
     }
@@ -240,17 +268,19 @@ impl<S: Store> RetryBudgetService<S> {
         });
         let tried = {
             let rules = self.rules();
-            let report = self.durable_report(&rules, &key, &req)?;
+            let now = now_ms();
+            let report = self.durable_report(&rules, &key, &req, now)?;
             self.ledger
-                .try_report(&key, &report, slot.as_ref(), now_ms(), dry_run)
+                .try_report(&key, &report, slot.as_ref(), now, dry_run)
         };
         let Some(unsaved) = tried else {
             return Ok(Box::pin(async move {
                 let rules = self.rules();
-                let report = self.durable_report(&rules, &key, &req)?;
+                let now = now_ms();
+                let report = self.durable_report(&rules, &key, &req, now)?;
                 let decided = self
                     .ledger
-                    .report(&key, &report, slot.as_ref(), now_ms(), dry_run)
+                    .report(&key, &report, slot.as_ref(), now, dry_run)
                     .await?;
                 Ok(self.answer(decided, dry_run, log.as_deref()))
             }));
@@ -270,15 +300,17 @@ impl<S: Store> RetryBudgetService<S> {
     }
 
     /// The report of a durable `NextAction` on `key`, once the request is
-    /// checked (its activity id is in `key`).
+    /// checked (its activity id is in `key`) against the server's clock
+    /// `now`.
     fn durable_report<'r>(
         &self,
         rules: &'r RuleSet,
         key: &ActivityKey,
         req: &'r pb::NextActionRequest,
+        now: i64,
     ) -> Result<Report<'r>, Status> {
         let (class, rule) = Self::classify(rules, req, &key.tenant)?;
-        let occurred_at_ms = occurred_at(req)?;
+        let occurred_at_ms = self.occurred_at(req, now)?;
         validate_activity_id(&key.activity_id)?;
         validate_workflow_id(&req.workflow_id)?;
         Ok(Report {
@@ -334,14 +366,6 @@ fn log_decision(
 type Answer<'a> =
     Pin<Box<dyn Future<Output = Result<Response<pb::NextActionResponse>, Status>> + Send + 'a>>;
 
-/// When the failure occurred, if the request says.
-fn occurred_at(req: &pb::NextActionRequest) -> Result<Option<i64>, BudgetError> {
-    req.occurred_at
-        .as_ref()
-        .map(|ts| millis(ts, "occurred_at"))
-        .transpose()
-}
-
 #[tonic::async_trait]
 impl<S: Store> RetryBudget for RetryBudgetService<S> {
     async fn retry_delay(
@@ -390,16 +414,17 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         request: Request<pb::RecordSuccessRequest>,
     ) -> Result<Response<pb::RecordSuccessResponse>, Status> {
         self.draining.check()?;
-        let occurred_at_ms = request
-            .get_ref()
-            .occurred_at
-            .as_ref()
-            .map(|ts| millis(ts, "occurred_at"))
-            .transpose()?;
+        let now = now_ms();
+        let occurred_at_ms = client_time(
+            request.get_ref().occurred_at.as_ref(),
+            "occurred_at",
+            now,
+            &self.time_bounds,
+        )?;
         let key = key(&request, request.get_ref().activity_id.clone())?;
         let outcome = self
             .ledger
-            .record_success(&key, occurred_at_ms, now_ms())
+            .record_success(&key, occurred_at_ms, now)
             .await?;
         // A success earns retry capacity once: a repeated RecordSuccess of a
         // closed activity deposits nothing.

@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use http::HeaderName;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -26,6 +27,10 @@ use crate::budget::codes;
 
 /// gRPC's status codes by number, as Prometheus labels.
 use crate::budget::classify::grpc::NAMES as STATUS;
+
+// Read from every response: by name, a lookup skips parsing a `&str`.
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// The methods the server hosts, by path; anything else is `other`.
 const METHODS: [(&str, &str, &str); 10] = [
@@ -286,7 +291,7 @@ where
             let status = match &output {
                 Ok(response) => response
                     .headers()
-                    .get("grpc-status")
+                    .get(&GRPC_STATUS)
                     .and_then(|s| s.to_str().ok())
                     .and_then(|s| s.parse::<usize>().ok())
                     .filter(|s| *s < STATUS.len())
@@ -298,7 +303,7 @@ where
                 && let Ok(response) = &output
             {
                 call.metrics
-                    .refused(call.method, response.headers().get("grpc-message"));
+                    .refused(call.method, response.headers().get(&GRPC_MESSAGE));
             }
         }
         Poll::Ready(output)

@@ -2,13 +2,16 @@
 //! read configuration, and the settings that can change while serving do.
 //!
 //! Reloadable: the bucket's rate, burst, weights, success deposit and mode;
-//! the classification rules; the hint bound. Tokens already granted and
+//! the classification rules; the hint bound; the API keys (the keys file is
+//! read again, so keys rotate without a restart); the TLS certificate, key
+//! and client CA (read again even when the configuration did not change;
+//! see `tls`). Tokens already granted and
 //! slots already booked survive (`FairBucket::set_capacity`). On
 //! PostgreSQL the new rate, burst and weights are the global budget the
 //! replicas split, from the coordination's next interval. Everything else
 //! (addresses, the store, default policies, the coordination, metrics, the
-//! bucket's horizon and tenant bound) needs a restart, and the log says
-//! which changed.
+//! request limits, the bucket's horizon and tenant bound) needs a restart,
+//! and the log says which changed.
 //!
 //! A configuration that does not load or validate changes nothing: the
 //! running one stays, the log names the key at fault, and the metric
@@ -18,6 +21,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::auth::Authenticator;
 use crate::bucket::{Capacity, FairBucket};
 use crate::budget::activity::Defaults;
 use crate::budget::classify::RuleSet;
@@ -39,6 +43,9 @@ pub(super) struct Reloadable<'a, S> {
     pub coordinator: Option<&'a Coordinator>,
     pub rules: &'a ArcSwap<RuleSet>,
     pub metrics: Option<&'a Metrics>,
+    pub auth: &'a Authenticator,
+    /// The TLS config in force, when the server serves TLS.
+    pub tls: Option<&'a super::tls::Certs>,
 }
 
 impl<S: Store> Reloadable<'_, S> {
@@ -51,10 +58,13 @@ impl<S: Store> Reloadable<'_, S> {
                     key: "classification.rules",
                     message: e.to_string(),
                 })?;
-            Ok((new, rules))
+            // Read here, before anything changes: a bad keys file keeps
+            // the running keys as it keeps every other setting.
+            let keys = new.auth.keys()?;
+            Ok((new, rules, keys))
         });
-        let (new, rules) = match outcome {
-            Ok(pair) => pair,
+        let (new, rules, keys) = match outcome {
+            Ok(parts) => parts,
             Err(error) => {
                 tracing::error!(%error, "reload refused: the running configuration stays");
                 if let Some(metrics) = self.metrics {
@@ -72,10 +82,16 @@ impl<S: Store> Reloadable<'_, S> {
         self.bucket.set_success_deposit(new.bucket.success_deposit);
         self.bucket.set_mode(new.bucket.mode);
         self.rules.store(Arc::new(rules));
+        if new.auth.mode == self.auth.mode() {
+            self.auth.set_keys(keys);
+        }
         self.ledger.set_defaults(Defaults {
             max_hint_ms: new.hints.max_hint_ms(),
             ..self.ledger.defaults()
         });
+        if let Some(tls) = self.tls {
+            tls.reload(&new.tls);
+        }
         let restart = needs_restart(&self.running, &new);
         if !restart.is_empty() {
             tracing::warn!(
@@ -103,8 +119,9 @@ impl<S: Store> Reloadable<'_, S> {
 fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     let toml = |value: &dyn erased::Toml| value.text();
     let mut keys = Vec::new();
-    let sections: [(&'static str, &dyn erased::Toml, &dyn erased::Toml); 5] = [
+    let sections: [(&'static str, &dyn erased::Toml, &dyn erased::Toml); 6] = [
         ("server", &old.server, &new.server),
+        ("limits", &old.limits, &new.limits),
         ("store", &old.store, &new.store),
         ("policy", &old.policy, &new.policy),
         ("coordination", &old.coordination, &new.coordination),
@@ -118,8 +135,26 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.bucket.max_tenants != new.bucket.max_tenants {
         keys.push("bucket.max_tenants");
     }
+    if old.tls.cert.is_some() != new.tls.cert.is_some() {
+        keys.push("tls.cert");
+    }
+    if old.tls.handshake_timeout != new.tls.handshake_timeout {
+        keys.push("tls.handshake_timeout");
+    }
+    if old.tls.watch_interval != new.tls.watch_interval {
+        keys.push("tls.watch_interval");
+    }
     if old.bucket.max_reservation_ms != new.bucket.max_reservation_ms {
         keys.push("bucket.max_reservation_ms");
+    }
+    // The keys file is read again on every reload; the rest of [auth] is
+    // read at start.
+    let auth = |config: &Config| crate::auth::AuthConfig {
+        api_keys_file: None,
+        ..config.auth.clone()
+    };
+    if toml(&auth(old)) != toml(&auth(new)) {
+        keys.push("auth");
     }
     keys
 }

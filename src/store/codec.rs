@@ -192,6 +192,7 @@ mod tests {
             code: e.code.clone(),
             reason: e.reason.clone(),
             token_taken: e.token_taken,
+            slot_booked: e.slot_booked,
             defer_reason: e.defer_reason.clone(),
             rule: e.rule.clone(),
             hint: e.hint.map(|h| pb::Hint {
@@ -312,7 +313,31 @@ mod tests {
         assert_eq!(decode(&old).unwrap(), sample());
     }
 
-    const FIXTURE: &str = concat!(
+    /// A record written before `Event.slot_booked` (field 19) existed,
+    /// when a deferral that booked a slot said `token_taken`: it reads as
+    /// the booking it was, and nothing else changes.
+    #[test]
+    fn a_booked_deferral_of_an_earlier_release_reads_as_a_booking() {
+        let old = (0..FIXTURE_BEFORE_SLOT_BOOKED.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&FIXTURE_BEFORE_SLOT_BOOKED[i..i + 2], 16).unwrap())
+            .collect::<Vec<u8>>();
+        let read = decode(&old).unwrap();
+        let mut expected = sample();
+        let deferral = std::sync::Arc::make_mut(&mut expected.events[2]);
+        assert_eq!(deferral.code, "deferred");
+        assert!(deferral.slot_booked && !deferral.token_taken);
+        // That release's words for the same deferral.
+        deferral.reason = "retry capacity is exhausted (bucket_empty); a slot is booked for \
+                           this activity 119.900 s from now: report attempt 3 again then"
+            .to_owned();
+        assert_eq!(read, expected);
+        // Its granted retries still say they took their token.
+        assert!(read.events[0].token_taken && read.events[1].token_taken);
+    }
+
+    /// The bytes of `sample()` as the release before field 19 wrote them.
+    const FIXTURE_BEFORE_SLOT_BOOKED: &str = concat!(
         "020a0461636d65120e6368617267652d636172643a34321a0477662d372209080510901c1802203c289c9ff1",
         "c2b13430023803420973756363656564656448deedf1c2b1345a8301080110011801209c9ff1c2b13438e80b",
         "400148e80b5084abf1c2b1345801620e7363686564756c655f72657472796a49617474656d70742031206f66",
@@ -327,5 +352,24 @@ mod tests {
         "303020732066726f6d206e6f773a207265706f727420617474656d7074203320616761696e207468656e7001",
         "7a0c6275636b65745f656d7074798a010608c0a90710019001a8e6f1c2b1345a370802100320acedf1c2b134",
         "30904e62097375636365656465646a14616e20617474656d7074207375636365656465649001deedf1c2b134",
+    );
+
+    const FIXTURE: &str = concat!(
+        "020a0461636d65120e6368617267652d636172643a34321a0477662d372209080510901c1802203c289c9ff1",
+        "c2b13430023803420973756363656564656448deedf1c2b1345a8301080110011801209c9ff1c2b13438e80b",
+        "400148e80b5084abf1c2b1345801620e7363686564756c655f72657472796a49617474656d70742031206f66",
+        "2035206661696c6564207472616e7369656e746c793b206261636b6f66662031353132206d73202831207329",
+        "2066726f6d206f636375727265645f61747001900180a0f1c2b1345a910108011002180120ecaef1c2b13430",
+        "d00f388419400348841950f0c7f1c2b1345801620e7363686564756c655f72657472796a49617474656d7074",
+        "2032206f662035206661696c6564207472616e7369656e746c793b206261636b6f66662033323034206d7320",
+        "28332073292066726f6d206f636375727265645f61747001820108687474702d3530339001d0aff1c2b1345a",
+        "fe0108011003180120c4e5f1c2b13430a84638c923407848c0a90750848ff9c2b13458066208646566657272",
+        "65646aad0172657472792063617061636974792069732065786861757374656420286275636b65745f656d70",
+        "7479293b206120736c6f7420697320626f6f6b656420666f7220746869732061637469766974793b20746865",
+        "207265747279277320706c616e6e65642073746172742c203132302e3030302073206166746572206f636375",
+        "727265645f61742c206973206c617465723a207265706f727420617474656d7074203320616761696e207468",
+        "656e7a0c6275636b65745f656d7074798a010608c0a90710019001a8e6f1c2b1349801015a370802100320ac",
+        "edf1c2b13430904e62097375636365656465646a14616e20617474656d7074207375636365656465649001de",
+        "edf1c2b134",
     );
 }

@@ -5,7 +5,6 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// A replica process.
@@ -20,37 +19,9 @@ impl Replica {
     /// Starts the binary on `postgres_url` with `extra` flags and waits for
     /// its "serving" log line.
     pub async fn spawn(postgres_url: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_retry-budget"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
-            .args(["--postgres-url", postgres_url])
-            .args(extra)
-            .env_remove("RETRY_BUDGET_CONFIG")
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start the binary");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await.expect("read stderr") {
-                if line.contains("serving")
-                    && let Some(rest) = line.split("addr=").nth(1)
-                {
-                    return rest.split_whitespace().next().expect("address").to_owned();
-                }
-            }
-            panic!("the replica exited before serving");
-        })
-        .await
-        .expect("the replica starts");
-        // Keep reading stderr so the replica never blocks on a full pipe;
-        // echo it for a failing test's output.
-        let tag = addr.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[{tag}] {line}");
-            }
-        });
+        let mut args = vec!["--postgres-url", postgres_url];
+        args.extend_from_slice(extra);
+        let (child, addr) = super::binary::spawn(&args, Some("replica")).await;
         Self { child, addr }
     }
 

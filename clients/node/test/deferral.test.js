@@ -41,6 +41,8 @@ test('with no token left a retry is deferred, consumes no attempt, and is grante
   assert.equal(d.code, 'deferred');
   assert.equal(d.defer_reason, 'global_capacity_exhausted');
   assert.equal(d.attempt, 1);
+  assert.equal(d.slot_booked, true, 'a slot is booked for it');
+  assert.equal(d.token_taken, false, 'a booking is not a token: do not run yet');
   assert.ok(d.not_before instanceof Date);
   assert.ok(d.not_before.getTime() > Date.now(), 'not_before is ahead');
   assert.ok(d.not_before.getTime() < Date.now() + 3000, 'within the booking horizon');
@@ -53,6 +55,8 @@ test('with no token left a retry is deferred, consumes no attempt, and is grante
   const early = await report(id, 1);
   assert.equal(early.code, 'deferred');
   assert.deepEqual(early.not_before, d.not_before);
+  assert.equal(early.replayed, true);
+  assert.equal(early.token_taken, false);
 
   // Asked at not_before: the booked slot pays for the retry.
   await sleep(d.not_before.getTime() - Date.now() + 10);

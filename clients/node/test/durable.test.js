@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, test } from 'node:test';
 
-import { RetryBudgetClient, grpc, toTimestamp } from '../retry_budget_client.js';
+import { RetryBudgetClient, errorInfo, grpc, toTimestamp } from '../retry_budget_client.js';
 import { startServer } from '../testing/server.js';
 
 let server;
@@ -23,7 +23,8 @@ after(async () => {
 });
 
 const fresh = (prefix) => `${prefix}-${randomUUID().slice(0, 8)}`;
-const T0 = new Date('2024-01-01T00:00:00.250Z');
+// A minute ago, at .250 s: the server refuses times far from its clock.
+const T0 = new Date(Math.floor(Date.now() / 1000) * 1000 - 60_000 + 250);
 const at = (seconds) => new Date(T0.getTime() + seconds * 1000);
 const POLICY = { max_attempts: 3, deadline_seconds: 3600 };
 
@@ -92,6 +93,10 @@ test('skipping an attempt is FAILED_PRECONDITION attempt_out_of_order', async ()
     assert.equal(err.grpcStatus, 'FAILED_PRECONDITION');
     assert.equal(err.stableCode, 'attempt_out_of_order');
     assert.match(err.details, /^attempt_out_of_order: /);
+    // The values involved, from google.rpc.ErrorInfo: no parsing of the text.
+    assert.equal(err.errorInfo.reason, 'attempt_out_of_order');
+    assert.equal(err.errorInfo.domain, 'retrybudget.v1');
+    assert.deepEqual(err.errorInfo.metadata, { field: 'attempt', expected: '2', got: '3' });
     return true;
   });
   // Nothing was recorded for the refused report.
@@ -100,7 +105,7 @@ test('skipping an attempt is FAILED_PRECONDITION attempt_out_of_order', async ()
 
 test('Timestamps round-trip through GetActivity as Dates', async () => {
   const id = fresh('time');
-  const occurred = new Date('2024-05-01T12:34:56.789Z');
+  const occurred = new Date(T0.getTime() + 539);
   const d = await rb.nextAction({ activity_id: id, attempt: 1, error_class: 'transient', policy: POLICY, occurred_at: occurred });
   const act = await rb.getActivity({ activity_id: id });
   assert.deepEqual(act.started_at, occurred);
@@ -114,22 +119,30 @@ test('Timestamps round-trip through GetActivity as Dates', async () => {
   // {seconds, nanos} is sent as given; the Date that comes back drops what
   // is below the millisecond.
   const nanosId = fresh('nanos');
-  await rb.nextAction({ activity_id: nanosId, attempt: 1, error_class: 'permanent', occurred_at: { seconds: 1714566896, nanos: 789_123_456 } });
-  assert.equal((await rb.getActivity({ activity_id: nanosId })).started_at.toISOString(), '2024-05-01T12:34:56.789Z');
+  const seconds = Math.floor(T0.getTime() / 1000);
+  await rb.nextAction({ activity_id: nanosId, attempt: 1, error_class: 'permanent', occurred_at: { seconds, nanos: 789_123_456 } });
+  assert.equal((await rb.getActivity({ activity_id: nanosId })).started_at.getTime(), seconds * 1000 + 789);
 });
 
-test('a Date given to the raw stub is sent as 1970: why toTimestamp exists', async () => {
+test('a Date given to the raw stub is sent as 1970, and refused: why toTimestamp exists', async () => {
   const id = fresh('trap');
   const metadata = new grpc.Metadata();
   metadata.set('x-tenant-id', tenant);
-  const request = { activity_id: id, attempt: 1, error_class: 'ERROR_CLASS_TRANSIENT', occurred_at: new Date('2024-05-01T00:00:00Z') };
-  await new Promise((resolve, reject) => rb.stub.NextAction(request, metadata, (err) => (err ? reject(err) : resolve())));
-  const act = await rb.getActivity({ activity_id: id });
-  assert.equal(act.started_at.getTime(), 0, 'proto-loader found no seconds or nanos on the Date');
-  assert.equal(act.events[0].occurred_at_stamped, false, 'it was sent, as 1970, not left out');
-  assert.equal(act.events[0].not_before.getUTCFullYear(), 1970, 'so the retry is planned in 1970');
+  const request = { activity_id: id, attempt: 1, error_class: 'ERROR_CLASS_TRANSIENT', occurred_at: new Date() };
+  const err = await new Promise((resolve) => rb.stub.NextAction(request, metadata, (e) => resolve(e)));
+  // proto-loader found no seconds or nanos on the Date: an all-zero
+  // Timestamp, 1970, which the server refuses rather than plan in 1970.
+  assert.equal(err?.code, grpc.status.INVALID_ARGUMENT);
+  const info = errorInfo(err.metadata);
+  assert.equal(info.reason, 'timestamp_implausible');
+  assert.equal(info.domain, 'retrybudget.v1');
+  assert.equal(info.metadata.field, 'occurred_at');
+  assert.equal(info.metadata.value, '1970-01-01T00:00:00.000Z');
+  assert.equal(info.metadata.bound, 'max_timestamp_past');
+  await assert.rejects(rb.getActivity({ activity_id: id }), { grpcStatus: 'NOT_FOUND' }, 'nothing was stored');
   // Through the client, the same Date arrives as itself.
   assert.deepEqual(toTimestamp(new Date('2024-05-01T00:00:00Z')), { seconds: 1714521600, nanos: 0 });
+  await rb.nextAction({ activity_id: id, attempt: 1, error_class: 'transient', occurred_at: new Date() });
 });
 
 test('RecordSuccess closes an activity, idempotently; a later report is refused', async () => {

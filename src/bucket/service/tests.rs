@@ -88,10 +88,9 @@ async fn the_tenant_header_is_honoured_and_garbage_is_not_tracked() {
     let mut h = harness(10.0, 5);
     assert_eq!(h.permit(Some("acme")).await.tenant(), "acme");
     assert_eq!(h.permit(None).await.tenant(), DEFAULT_TENANT);
-    assert_eq!(h.permit(Some("")).await.tenant(), DEFAULT_TENANT);
     let tracked = h.bucket.stats().tracked_tenants;
     let long = "x".repeat(129);
-    for bad in ["has space", long.as_str()] {
+    for bad in ["", "has space", long.as_str()] {
         let seen = h.send(request(NEXT_ACTION_PATH, Some(bad))).await;
         assert!(seen.extensions().get::<PermitSlot>().is_none(), "{bad:?}");
     }
@@ -103,6 +102,18 @@ async fn the_tenant_header_is_honoured_and_garbage_is_not_tracked() {
     let seen = h.send(non_ascii).await;
     assert!(seen.extensions().get::<PermitSlot>().is_none());
     assert_eq!(h.bucket.stats().tracked_tenants, tracked);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_tenant_the_authentication_layer_resolved_is_charged_not_the_header() {
+    let mut h = harness(10.0, 5);
+    let mut proven = request(NEXT_ACTION_PATH, Some("claimed"));
+    proven
+        .extensions_mut()
+        .insert(crate::auth::Tenant::shared(std::sync::Arc::from("proven")));
+    let seen = h.send(proven).await;
+    let slot = seen.extensions().get::<PermitSlot>().expect("a permit");
+    assert_eq!(slot.tenant(), "proven");
 }
 
 #[tokio::test(start_paused = true)]

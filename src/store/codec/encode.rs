@@ -219,6 +219,7 @@ impl Fields for Event {
             out.message(17, hint);
         }
         out.int(18, self.recorded_at_ms);
+        out.flag(19, self.slot_booked);
     }
 }
 

@@ -136,6 +136,7 @@ impl TryFrom<pb::Event> for Event {
             pb::Action::ManualReview => Some(Action::ManualReview),
             pb::Action::Deferred => Some(Action::Deferred),
         };
+        let booked_before_19 = action == Some(Action::Deferred) && stored.token_taken;
         Ok(Self {
             kind,
             attempt: stored.attempt,
@@ -150,7 +151,10 @@ impl TryFrom<pb::Event> for Event {
             action,
             code: stored.code,
             reason: stored.reason,
-            token_taken: stored.token_taken,
+            // Before field 19, a deferral that booked a slot was written
+            // with token_taken: it is read as what it was, a booking.
+            token_taken: stored.token_taken && !booked_before_19,
+            slot_booked: stored.slot_booked || booked_before_19,
             defer_reason: stored.defer_reason,
             rule: stored.rule,
             hint: stored.hint.map(Hint::try_from).transpose()?,

@@ -91,14 +91,21 @@ def main(out):
           f"soak at {run['rate']}/s open loop, retry rate {run['retry_rate']}/s, "
           f"{run['tenants']} tenants, {run['attempts']} failures then a success an activity; {run['cpu']}")
     print()
-    print("| minute | requests/s | p50 us | p99 us | max us | errors | generator lag p99 us | server CPU cores | RSS MiB at end |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    # From due times, the p99 holds the generator's lateness; from send
+    # times (newer runs) it does not. The machine's busy cores and the time
+    # the generator waited for a CPU say whether the machine was full.
+    print("| minute | requests/s | p50 us | p99 us | p99 from send us | max us | errors | generator lag p99 us "
+          "| generator run-queue wait s | machine busy cores | server CPU cores | RSS MiB at end |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     errors = 0
     for i, m in enumerate(minutes, 1):
         errors += m["errors"]
         lat = m["latency_us"]
-        print(f"| {i} | {m['throughput_rps']:.0f} | {lat['p50']} | {lat['p99']} | {lat['max']} | {m['errors']}"
+        from_send = m.get("latency_from_send_us", {}).get("p99", "-")
+        wait = m.get("client_runqueue_wait_ms")
+        print(f"| {i} | {m['throughput_rps']:.0f} | {lat['p50']} | {lat['p99']} | {from_send} | {lat['max']} | {m['errors']}"
               f"{' ' + json.dumps(m['error_codes']) if m['errors'] else ''} | {m.get('pacer_lag_us', {}).get('p99')} | "
+              f"{'-' if wait is None else f'{wait / 1000:.1f}'} | {m.get('system_busy_cores') or 0:.2f} | "
               f"{m.get('server_cpu_cores') or 0:.2f} | {rss_at(i * 60)} |")
 
     # A results folder kept in the repository holds the final scrape only.

@@ -61,6 +61,10 @@ pub struct Tally {
     /// client (see [`OwnLag`]): the generator's own lag, which a slow
     /// server cannot cause.
     pacer_lag_us: Histogram<u64>,
+    /// Open loop: latencies of successful requests from the moment they
+    /// were sent rather than due: the server's and the connection's part,
+    /// without the generator's lateness in sending.
+    from_send_us: Histogram<u64>,
     /// Successful requests.
     ok: u64,
     /// Failed requests by gRPC code or `unexpected_*` key.
@@ -90,6 +94,7 @@ impl Tally {
             latency_us: histogram(),
             lag_us: histogram(),
             pacer_lag_us: histogram(),
+            from_send_us: histogram(),
             ok: 0,
             errors: BTreeMap::new(),
             window,
@@ -135,6 +140,11 @@ impl Tally {
                 "p50": self.pacer_lag_us.value_at_quantile(0.50),
                 "p99": self.pacer_lag_us.value_at_quantile(0.99),
                 "max": self.pacer_lag_us.max(),
+            });
+            report["latency_from_send_us"] = json!({
+                "p50": self.from_send_us.value_at_quantile(0.50),
+                "p99": self.from_send_us.value_at_quantile(0.99),
+                "max": self.from_send_us.max(),
             });
         }
         if let Some(cpu) = &self.cpu {
@@ -294,6 +304,9 @@ pub async fn open(clients: Vec<VirtualClient>, timing: Timing, rate: f64) -> (Ta
                 let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
                 record(&mut tally.lag_us, sent - due);
                 record(&mut tally.pacer_lag_us, pacer_lag);
+                if outcome.is_ok() {
+                    record(&mut tally.from_send_us, done - sent);
+                }
                 tally.record(done - due, outcome);
             }
             let _ = idle_tx.send(client).await;

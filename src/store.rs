@@ -21,7 +21,9 @@ mod postgres;
 mod redb;
 
 pub use self::commit_stats::{CommitObserver, CommitStats};
-pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
+pub use self::postgres::{
+    MIGRATIONS, MigrateError, PgStore, PostgresOptions, error_chain, migrate,
+};
 #[doc(hidden)]
 pub use self::redb::CheckpointFault;
 pub use self::redb::{RedbStore, RedbStoreOptions, RuntimeIdle};

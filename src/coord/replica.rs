@@ -22,9 +22,9 @@ const STALE_LEASES: u32 = 20;
 /// Why an interval's transaction did not commit.
 #[derive(Debug, thiserror::Error)]
 enum TickError {
-    #[error("database pool: {0}")]
+    #[error("database pool: {}", crate::store::error_chain(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
-    #[error("database: {0}")]
+    #[error("database: {}", described(.0))]
     Database(#[from] tokio_postgres::Error),
     #[error("the transaction took longer than the time left")]
     Timeout,
@@ -111,9 +111,7 @@ impl Replica {
         loop {
             // The grant goes when the lease would lapse, not at the next
             // interval after.
-            let lapse = self
-                .lapse()
-                .filter(|_| self.status() == CoordinationStatus::Granted);
+            let lapse = self.lapse();
             let far = Instant::now() + Duration::from_secs(86_400);
             // Biased: a lapse due is handled before another interval starts.
             tokio::select! {
@@ -147,7 +145,7 @@ impl Replica {
         self.counting_since = began;
         // A slow transaction may still renew the lease, so it is given
         // until the lease would lapse (then the grant goes), or an
-        // interval when there is no lease to lose.
+        // interval when there is no grant to lose.
         let limit = match self.lapse() {
             Some(lapse) => lapse.saturating_duration_since(began),
             None => self.config.interval,
@@ -266,11 +264,15 @@ impl Replica {
         self.applied = (rate, burst);
     }
 
-    /// When the lease would lapse, by this replica's clock: a TTL after the
-    /// last committed transaction began, which is no later than the
-    /// database's expiry (its `now()` came after).
+    /// When the granted lease would lapse, by this replica's clock: a TTL
+    /// after the last committed transaction began, which is no later than
+    /// the database's expiry (its `now()` came after). `None` without a
+    /// grant: once fallen back, nothing more lapses, and the next
+    /// transaction is given a whole interval to take the lease again.
     fn lapse(&self) -> Option<Instant> {
-        self.renewed_at.map(|at| at + self.config.lease_ttl())
+        self.renewed_at
+            .filter(|_| self.status() == CoordinationStatus::Granted)
+            .map(|at| at + self.config.lease_ttl())
     }
 
     fn status(&self) -> CoordinationStatus {
@@ -352,6 +354,15 @@ impl Replica {
             Ok(Err(error)) => tracing::warn!(%error, "coordination: leaving, the row will lapse"),
             Err(_) => tracing::warn!("coordination: leaving timed out, the row will lapse"),
         }
+    }
+}
+
+/// The error with what the database said, its SQLSTATE first: the error's
+/// own text is only its kind ("db error").
+fn described(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("SQLSTATE {}: {db}", db.code().code()),
+        None => crate::store::error_chain(error),
     }
 }
 

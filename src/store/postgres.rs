@@ -390,6 +390,21 @@ impl Failure {
     }
 }
 
+/// `error`'s text followed by each of its causes' not already in it.
+pub fn error_chain(error: &(dyn Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// An error shared by every save of a failed commit. Its text is the whole
 /// chain of causes: tokio-postgres puts the useful part ("connection
 /// refused", the server's message) in the sources.
@@ -398,17 +413,7 @@ struct SharedError(Arc<str>);
 
 impl SharedError {
     fn new(error: Box<dyn Error + Send + Sync>) -> Self {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
-        Self(text.into())
+        Self(error_chain(error.as_ref()).into())
     }
 }
 

@@ -209,6 +209,18 @@ async fn three_replicas_share_the_rate_fairly_and_fully_and_take_over_a_dead_one
     let counters: Vec<Arc<AtomicU64>> = drivers.iter().map(|(c, _)| c.clone()).collect();
     // Settling: the first interval grants, the next ones follow the demand.
     observe(&buckets, &fell_back, &counters, INTERVAL * 8).await;
+    let states: Vec<_> = replicas.iter().map(|r| r.coordinator.state()).collect();
+    wait_for(
+        "the three granted, each counting three",
+        INTERVAL * 25,
+        || {
+            states.iter().all(|s| {
+                let s = s.borrow();
+                s.status == CoordinationStatus::Granted && s.replicas == 3
+            })
+        },
+    )
+    .await;
     let pinned0 = counters[0].load(Relaxed);
     let spread0: u64 = counters[1..].iter().map(|c| c.load(Relaxed)).sum();
     let samples = observe(&buckets, &fell_back, &counters, Duration::from_secs(4)).await;
@@ -388,7 +400,11 @@ async fn a_row_deleted_is_taken_again_and_a_row_taken_by_another_epoch_closes_th
         state.borrow().status == CoordinationStatus::Granted
     })
     .await;
-    assert_eq!(epoch().await, Some(100));
+    // Taken with the next epoch, 100; or later, when a transaction that
+    // committed outlasted its time: the replica, not knowing it holds 100,
+    // takes the row again with 101.
+    let taken = epoch().await.expect("the row taken back");
+    assert!(taken >= 100, "epoch {taken}");
     r.coordinator.leave().await;
     assert_eq!(epoch().await, None, "left: the row is deleted");
     schema.drop_it().await;
@@ -444,35 +460,57 @@ async fn a_replica_that_loses_the_database_keeps_its_grant_until_its_lease_lapse
     let cut_off = replica(schema.pool(Some(proxy.port)), "cut-off");
     let other = replica(schema.pool(None), "other");
     let (bc, bo) = (cut_off.bucket.clone(), other.bucket.clone());
-    wait_for("both granted", INTERVAL * 10, || {
-        bc.rate() > 0.0 && bo.rate() > 0.0
+    let state = cut_off.coordinator.state();
+    let other_state = other.coordinator.state();
+    // Both granted a part, each counting the other (the first to start
+    // held everything, and gives the other its part at its next interval).
+    let sharing = |s: &retry_budget::coord::CoordinationState| {
+        s.status == CoordinationStatus::Granted && s.replicas == 2 && s.rate > 0.0
+    };
+    wait_for("both granted, seeing each other", INTERVAL * 25, || {
+        sharing(&state.borrow()) && sharing(&other_state.borrow())
     })
     .await;
-    // Let both see each other.
-    sleep(INTERVAL * 3).await;
     let granted = bc.rate();
     proxy.cut();
     let cut = Instant::now();
-    let state = cut_off.coordinator.state();
-    let fell = wait_for("the fallback", INTERVAL * (LEASE_INTERVALS + 1), || {
-        // Granted until the fallback: never closed in between.
-        assert!(bc.rate() > 0.0);
-        state.borrow().status == CoordinationStatus::Fallback
-    })
-    .await;
+    // Granted until the fallback: never closed in between.
+    let checked = bc.clone();
+    let never_closed = tokio::spawn(async move {
+        loop {
+            assert!(checked.rate() > 0.0, "closed before the fallback");
+            sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let mut watched = state.clone();
+    let fallback = tokio::time::timeout(
+        INTERVAL * (LEASE_INTERVALS + 2),
+        watched.wait_for(|s| s.status == CoordinationStatus::Fallback),
+    )
+    .await
+    .expect("the fallback within the lease and an interval")
+    .expect("the task runs")
+    .clone();
     let fell_at = Instant::now();
-    let fallback = state.borrow().clone();
+    never_closed.abort();
+    assert!(
+        never_closed.await.unwrap_err().is_cancelled(),
+        "closed before the fallback"
+    );
+    let fell = fell_at - cut;
     eprintln!("fell back {fell:?} after the cut: {fallback}");
     // Not before the lease would lapse (a transaction in flight at the cut
-    // fails too, so the last renewal may be two intervals before it).
+    // fails too, so the last renewal may be two intervals before it), and
+    // at the lapse, not at the next interval after it: within half an
+    // interval, which leaves the test's own wake-up room on a busy machine.
     let renewed = fallback.renewed_at.expect("it was granted");
     let ttl = INTERVAL * LEASE_INTERVALS;
     assert!(fell_at >= renewed + ttl, "fell back early: {fell:?}");
     assert!(
-        fell_at <= renewed + ttl + Duration::from_millis(50),
-        "late: {fell:?}"
+        fell_at <= renewed + ttl + INTERVAL / 2,
+        "late: {:?} past the lapse",
+        fell_at - (renewed + ttl)
     );
-    assert!(cut.elapsed() <= INTERVAL * (LEASE_INTERVALS + 1));
     let rate = bc.rate();
     assert!(
         (rate - RATE / 2.0).abs() < 1e-3,
@@ -482,6 +520,21 @@ async fn a_replica_that_loses_the_database_keeps_its_grant_until_its_lease_lapse
     // The other takes everything once the lease lapsed in the database.
     wait_for("the other takes all", INTERVAL * 3, || {
         bo.rate() >= RATE * 0.999
+    })
+    .await;
+    // The database back: the cut-off replica takes its lease again (the
+    // same epoch: its row lapsed but was kept) and the two share again.
+    proxy.restore();
+    let back = wait_for("granted again", INTERVAL * 25, || {
+        sharing(&state.borrow()) && sharing(&other_state.borrow())
+    })
+    .await;
+    let again = state.borrow().clone();
+    eprintln!("granted again {back:?} after the restore: {again}");
+    assert_eq!(again.epoch, fallback.epoch, "{again}");
+    assert!(again.last_error.is_none(), "{again}");
+    wait_for("the rates within the global rate", INTERVAL * 10, || {
+        bc.rate() + bo.rate() <= RATE * 1.001 && bc.rate() > 0.0
     })
     .await;
     other.coordinator.leave().await;

@@ -2,7 +2,7 @@
 //! own, and a proxy that can cut a replica off.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -115,23 +115,31 @@ impl Schema {
     }
 }
 
-/// A TCP proxy to the database that can be cut: open connections end and
-/// new ones are refused.
+/// A TCP proxy to the database that can be cut (open connections end, new
+/// ones are closed at once) and restored.
 pub struct Proxy {
     /// Where it listens.
     pub port: u16,
-    /// Its accept loop and its pipes.
-    tasks: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+    /// Whether new connections are piped through.
+    open: Arc<AtomicBool>,
+    /// The accept loop.
+    accept: JoinHandle<()>,
+    /// The pipes of the connections open now.
+    pipes: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Proxy {
     pub async fn start(upstream: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let all = tasks.clone();
+        let open = Arc::new(AtomicBool::new(true));
+        let pipes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (accepting, all) = (open.clone(), pipes.clone());
         let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                if !accepting.load(Relaxed) {
+                    continue;
+                }
                 let piped = tokio::spawn(async move {
                     if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream)).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
@@ -140,13 +148,29 @@ impl Proxy {
                 all.lock().unwrap().push(piped);
             }
         });
-        tasks.lock().unwrap().push(accept);
-        Self { port, tasks }
+        Self {
+            port,
+            open,
+            accept,
+            pipes,
+        }
     }
 
     pub fn cut(&self) {
-        for task in self.tasks.lock().unwrap().drain(..) {
-            task.abort();
+        self.open.store(false, Relaxed);
+        for pipe in self.pipes.lock().unwrap().drain(..) {
+            pipe.abort();
         }
+    }
+
+    pub fn restore(&self) {
+        self.open.store(true, Relaxed);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
     }
 }

@@ -111,8 +111,8 @@ pub struct ServeArgs {
     /// besides the system's roots; requires TLS [store.db_ca_file].
     #[arg(long)]
     pub db_ca_file: Option<PathBuf>,
-    /// Connections to PostgreSQL this replica keeps at most
-    /// [store.pool_size].
+    /// Connections to PostgreSQL this replica keeps at most for decisions,
+    /// plus one for coordination [store.pool_size].
     #[arg(long)]
     pub pool_size: Option<usize>,
     /// The longest a PostgreSQL operation may take before the call gets

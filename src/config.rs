@@ -35,7 +35,7 @@
 //! retention = "7days"      # closed or expired activities are kept this long
 //! sweep_interval = "1m"
 //! # postgres_url = "postgres://retry_budget@db:5432/retry_budget"  # several replicas
-//! pool_size = 16           # connections to PostgreSQL per replica
+//! pool_size = 16           # connections to PostgreSQL per replica, plus one for coordination
 //! db_timeout = "2s"        # a PostgreSQL operation past this is store_unavailable
 //!
 //! [policy]                 # of activities whose first report names none

@@ -229,6 +229,10 @@ impl Coordinator {
     /// starts the task that gives it its part of `bucket_config`'s rate and
     /// burst. Call it before the bucket serves requests.
     ///
+    /// `pool` reaches the leases' table. The task holds one connection at a
+    /// time; a pool of its own (`PgStore::coordination_pool`) keeps its
+    /// transaction from waiting behind other work for a connection.
+    ///
     /// # Errors
     /// The [`CoordinationConfigError`] of an invalid configuration.
     ///

@@ -104,7 +104,7 @@ pub async fn run_reloading(
     if let Some(options) = config.store.postgres_options() {
         let store = PgStore::open(&options)?;
         let counted = store.clone();
-        let pool = store.pool().clone();
+        let pool = store.coordination_pool().clone();
         let result = serve_with(listener, store, config, shutdown, Some(pool), reloads).await;
         let [commits, saves, ..] = counted.commit_stats().snapshot();
         tracing::info!(commits, saves, "group commit totals");

@@ -351,7 +351,7 @@ async fn tls_to_the_database_verifies_its_certificate() {
         .await
         .expect("TLS with the server's certificate trusted");
     let over_tls: bool = store
-        .pool()
+        .coordination_pool()
         .get()
         .await
         .unwrap()

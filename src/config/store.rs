@@ -54,7 +54,9 @@ pub struct StoreConfig {
     /// is plain TCP.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub db_ca_file: Option<PathBuf>,
-    /// Connections to PostgreSQL each replica keeps at most.
+    /// Connections to PostgreSQL each replica keeps at most for its
+    /// decisions (at least 5: four group commits in flight and a read), and
+    /// one more, apart, for the replicas' coordination.
     pub pool_size: usize,
     /// The longest a PostgreSQL operation may take, waiting for a
     /// connection included, before the call gets `store_unavailable`.

@@ -85,8 +85,11 @@ pub struct PgStore {
 }
 
 struct Inner {
-    /// Connections for reads, the writer's commits and leases.
+    /// Connections for reads and the writer's commits.
     pool: Pool,
+    /// The one connection of the replicas' coordination, apart so that its
+    /// transaction never waits behind a busy store for a connection.
+    coordination: Pool,
     /// The bound on each operation.
     timeout: Duration,
     /// To the group-commit dispatcher.
@@ -113,31 +116,15 @@ impl PgStore {
         if config.get_application_name().is_none() {
             config.application_name("retry-budget");
         }
-        let manager_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
         if options.ca_file.is_some() {
             config.ssl_mode(SslMode::Require);
         }
-        // TLS when asked for (`sslmode=require`, or a CA file): always with
-        // the certificate and the host name verified. Otherwise plain TCP,
-        // even where the server offers TLS (`sslmode=prefer`), since a
-        // certificate no root vouches for would fail every connection.
-        let manager = if config.get_ssl_mode() == SslMode::Require {
-            let tls = tls::connector(options.ca_file.as_deref())
-                .map_err(|e| Failure::new("set up TLS to PostgreSQL", e).to_store_error())?;
-            Manager::from_config(config, tls, manager_config)
-        } else {
-            Manager::from_config(config, NoTls, manager_config)
-        };
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(COMMITS_IN_FLIGHT + 1))
-            .wait_timeout(Some(options.timeout))
-            .create_timeout(Some(options.timeout))
-            .recycle_timeout(Some(options.timeout))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| Failure::new("build the connection pool", e).to_store_error())?;
+        let pool = connection_pool(
+            &config,
+            options,
+            options.pool_size.max(COMMITS_IN_FLIGHT + 1),
+        )?;
+        let coordination = connection_pool(&config, options, 1)?;
         let stats = Arc::new(CommitStats::default());
         let writes = writer::spawn(
             pool.clone(),
@@ -149,6 +136,7 @@ impl PgStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                coordination,
                 timeout: options.timeout,
                 writes,
                 schema: OnceCell::new(),
@@ -157,9 +145,9 @@ impl PgStore {
         })
     }
 
-    /// The connection pool, shared with the replicas' coordination.
-    pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+    /// The replicas' coordination's own pool, of one connection.
+    pub fn coordination_pool(&self) -> &Pool {
+        &self.inner.coordination
     }
 
     /// Group commits made and the saves they carried.
@@ -388,6 +376,36 @@ impl Failure {
             source: Box::new(self.cause.clone()),
         }
     }
+}
+
+/// A pool of at most `size` connections to `config`'s database.
+fn connection_pool(
+    config: &tokio_postgres::Config,
+    options: &PostgresOptions,
+    size: usize,
+) -> Result<Pool, StoreError> {
+    let manager_config = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    // TLS when asked for (`sslmode=require`, or a CA file): always with
+    // the certificate and the host name verified. Otherwise plain TCP,
+    // even where the server offers TLS (`sslmode=prefer`), since a
+    // certificate no root vouches for would fail every connection.
+    let manager = if config.get_ssl_mode() == SslMode::Require {
+        let tls = tls::connector(options.ca_file.as_deref())
+            .map_err(|e| Failure::new("set up TLS to PostgreSQL", e).to_store_error())?;
+        Manager::from_config(config.clone(), tls, manager_config)
+    } else {
+        Manager::from_config(config.clone(), NoTls, manager_config)
+    };
+    Pool::builder(manager)
+        .max_size(size)
+        .wait_timeout(Some(options.timeout))
+        .create_timeout(Some(options.timeout))
+        .recycle_timeout(Some(options.timeout))
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| Failure::new("build the connection pool", e).to_store_error())
 }
 
 /// `error`'s text followed by each of its causes' not already in it.

@@ -18,8 +18,13 @@ pub struct Replica {
 impl Replica {
     /// Starts the binary on `postgres_url` with `extra` flags and waits for
     /// its "serving" log line.
+    ///
+    /// Eight connections for decisions (and one for coordination) each:
+    /// the tests run two at a time, three replicas or four each, within
+    /// PostgreSQL's default 100 connections, which the default pool of 16
+    /// would pass under load ("sorry, too many clients already").
     pub async fn spawn(postgres_url: &str, extra: &[&str]) -> Self {
-        let mut args = vec!["--postgres-url", postgres_url];
+        let mut args = vec!["--postgres-url", postgres_url, "--pool-size", "8"];
         args.extend_from_slice(extra);
         let (child, addr) = super::binary::spawn(&args, Some("replica")).await;
         Self { child, addr }

@@ -345,7 +345,7 @@ def main():
         for k, v in named.items():
             print(f"     {k:<40} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
         if s.startswith("durable"):
-            # A segment is checkpointed every 5 s or 16 MiB: a window holds
+            # A segment is checkpointed every 5 s or 8 MiB: a window holds
             # one or two checkpoints, or none, so the total moves by
             # thousands of instructions a decision from dump to dump. The
             # request path (worker and journal writer) does not.

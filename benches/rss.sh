@@ -11,7 +11,9 @@
 # new-activities`, durable NextAction for N distinct new activities, one
 # first failure each, CONC (128) streams over CONN (4) connections, each
 # sent as soon as one returns, every answer checked to be a stored decision
-# (a scheduled retry, not a replay). The server's VmRSS and VmHWM
+# (a scheduled retry, not a replay); a write refused with a pushback
+# (`store_backlogged`, while checkpoints catch up) is sent again after the
+# wait it asks for, as a worker would. The server's VmRSS and VmHWM
 # (/proc/PID/status) are sampled every second into $OUT/rss.tsv. Prints the
 # peak (VmHWM when the last write has been answered) and the idle RSS
 # (VmRSS after --idle seconds, default 30, with no load), in MiB, against
@@ -79,10 +81,10 @@ IDLE_RSS=$(status_mib VmRSS)
 PEAK_END=$(status_mib VmHWM)
 DATA_MIB=$(du -sm "$WORK/data" | cut -f1)
 
-read -r WRITTEN FAILED RATE < <(python3 -c '
+read -r WRITTEN FAILED RATE PUSHED_BACK < <(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(r["written"], r["failed"], round(r["activities_per_s"]))' "$OUT/loadgen.json")
+print(r["written"], r["failed"], round(r["activities_per_s"]), r.get("pushed_back", 0))' "$OUT/loadgen.json")
 VERDICT=$(awk -v p="$PEAK" -v t="$TARGET_MIB" 'BEGIN { print (p < t) ? "met" : "missed" }')
 
 python3 -c '
@@ -96,7 +98,7 @@ print(json.dumps(r))' "$OUT/loadgen.json" "$PEAK" "$LOADED" "$IDLE" "$IDLE_RSS" 
   "$DATA_MIB" "$TARGET_MIB" "$VERDICT" >>"$OUT/rss.jsonl"
 
 cat <<EOF
-activities written:     $WRITTEN of $ACTIVITIES ($FAILED failed), $RATE a second, ${WRITE_SECONDS} s
+activities written:     $WRITTEN of $ACTIVITIES ($FAILED failed), $RATE a second, ${WRITE_SECONDS} s; $PUSHED_BACK refusals with a pushback, each sent again
 peak RSS during writes: $PEAK MiB (VmHWM; target < $TARGET_MIB MiB: $VERDICT)
 RSS after the writes:   $LOADED MiB
 idle RSS:               $IDLE_RSS MiB, ${IDLE} s after the writes (VmHWM then $PEAK_END MiB)

@@ -13,7 +13,7 @@
 #    is the saturation S. What the server can sustain, not what it takes in
 #    a burst: the journal acknowledges saves faster than the checkpoints
 #    write them into redb on some machines, and the difference waits in the
-#    store's backlog (`store.backlog_bytes`, 80 MiB) until the backlog is
+#    store's backlog (`store.backlog_bytes`, 24 MiB) until the backlog is
 #    full and saves are refused (`store_backlogged`). The warm-up is long
 #    enough to fill it, and the window long beside the backlog's swing
 #    between refusing and taking saves again, so the window counts about

@@ -133,7 +133,7 @@ pub struct ServeArgs {
     pub commit_window: Option<Duration>,
     /// A journal segment this large (MiB) is checkpointed into the database.
     /// Decisions waiting for a checkpoint are held in memory: about two
-    /// segments' worth, and up to five while a checkpoint is slow
+    /// segments' worth, and up to three while a checkpoint is slow
     /// [store.journal_segment_bytes, in MiB here].
     #[arg(long)]
     pub journal_segment_mib: Option<u32>,

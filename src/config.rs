@@ -29,9 +29,9 @@
 //! data_dir = "retry-budget-data"
 //! max_batch = 1024         # decisions one group commit (one fsync) carries
 //! commit_window = "2ms"
-//! journal_segment_bytes = 16777216  # 16 MiB (--journal-segment-mib 16)
+//! journal_segment_bytes = 8388608  # 8 MiB (--journal-segment-mib 8)
 //! journal_segment_age = "5s"
-//! backlog_bytes = 83886080 # 80 MiB waiting for checkpoints, then saves are refused
+//! backlog_bytes = 25165824 # 24 MiB waiting for checkpoints, then saves are refused
 //! retention = "7days"      # closed or expired activities are kept this long
 //! sweep_interval = "1m"
 //! # postgres_url = "postgres://retry_budget@db:5432/retry_budget"  # several replicas

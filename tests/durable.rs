@@ -676,7 +676,7 @@ async fn the_journal_segment_size_decides_when_a_segment_is_checkpointed() {
     // which may start a second segment: the one rotation not due to size.
     let hour = Duration::from_secs(3600);
 
-    // The default size (16 MiB) holds 100 decisions.
+    // The default size (8 MiB) holds 100 decisions.
     let server = TestServer::start_with(|c| c.store.journal_segment_age = hour).await;
     hundred_first_reports(&server).await;
     let generations = segment_generations(&server.data_dir);

@@ -128,17 +128,22 @@ pub struct RedbStoreOptions {
 
 impl RedbStoreOptions {
     /// Defaults for a data directory: groups of up to 1024 saves, a 2 ms
-    /// commit window, 64 MiB of redb cache, 16 MiB or 5 s segments, saves
-    /// refused from 80 MiB waiting for a checkpoint (five segments).
+    /// commit window, 64 MiB of redb cache, 8 MiB or 5 s segments, saves
+    /// refused from 24 MiB waiting for a checkpoint (three segments). The
+    /// records waiting take several times their journal bytes in memory
+    /// (decoded in the overlay, and again as the checkpoint's redb pages),
+    /// so the bound is kept small enough for a server writing at full speed
+    /// to stay under 256 MiB (`benches/rss.sh`); checkpoints keep up with
+    /// smaller segments as well.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
             max_batch: 1024,
             commit_window: Duration::from_millis(2),
             cache_bytes: 64 << 20,
-            segment_bytes: 16 << 20,
+            segment_bytes: 8 << 20,
             segment_age: Duration::from_secs(5),
-            backlog_bytes: 80 << 20,
+            backlog_bytes: 24 << 20,
             checkpoint_on_close: true,
             runtime_idle: None,
             checkpoint_fault: None,

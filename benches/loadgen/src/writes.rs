@@ -1,11 +1,14 @@
 //! Many distinct activities written over gRPC as fast as the server
 //! answers: one first failure report each, `--concurrency` in flight, each
 //! answer checked. What the online preload and the `new-activities`
-//! scenario send.
+//! scenario send. A write refused with a pushback (`store_backlogged` while
+//! checkpoints catch up) is sent again after it, as a worker would: the
+//! refusal stored nothing, so the same report is still the first.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use retry_budget::grpc::TENANT_HEADER;
@@ -33,6 +36,17 @@ struct Counts {
     written: u64,
     /// Failed writes by gRPC code or `unexpected_*` key.
     errors: BTreeMap<String, u64>,
+    /// Refusals with a pushback, each followed by the same write again.
+    pushed_back: u64,
+}
+
+/// Pushbacks one write may meet before it counts as failed.
+const MAX_PUSHBACKS: u32 = 1000;
+
+/// The wait a refusal asks for (gRPC's `grpc-retry-pushback-ms`), if any.
+fn pushback(status: &tonic::Status) -> Option<Duration> {
+    let ms = status.metadata().get("grpc-retry-pushback-ms")?;
+    ms.to_str().ok()?.parse().ok().map(Duration::from_millis)
 }
 
 /// Reports a first failure for each of `activities` activities, ids
@@ -54,6 +68,7 @@ pub async fn first_failures(
         latency_us: Histogram::new(3).expect("3 significant digits is a valid precision"),
         written: 0,
         errors: BTreeMap::new(),
+        pushed_back: 0,
     }));
     let tenant =
         MetadataValue::try_from(tenant).unwrap_or_else(|_| MetadataValue::from_static("bench"));
@@ -68,15 +83,28 @@ pub async fn first_failures(
                 if i >= activities {
                     return;
                 }
-                let mut request = Request::new(durable_report(activity_id(&prefix, i), 1, now()));
-                request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
-                let sent = Instant::now();
-                let outcome = match client.next_action(request).await {
-                    Ok(response) => check_durable(response.get_ref()),
-                    Err(status) => Err(format!("{:?}", status.code())),
+                let mut pushbacks = 0;
+                let (outcome, sent) = loop {
+                    let mut request =
+                        Request::new(durable_report(activity_id(&prefix, i), 1, now()));
+                    request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
+                    let sent = Instant::now();
+                    match client.next_action(request).await {
+                        Ok(response) => break (check_durable(response.get_ref()), sent),
+                        Err(status) => match pushback(&status) {
+                            Some(wait) if pushbacks < MAX_PUSHBACKS => {
+                                pushbacks += 1;
+                                tokio::time::sleep(wait).await;
+                            }
+                            _ => break (Err(format!("{:?}", status.code())), sent),
+                        },
+                    }
                 };
+                // From the send that was answered: a pushback's wait is the
+                // server's request, not its latency.
                 let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
                 let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+                counts.pushed_back += u64::from(pushbacks);
                 match outcome {
                     Ok(()) => {
                         counts.written += 1;
@@ -97,6 +125,7 @@ pub async fn first_failures(
         "written": counts.written,
         "failed": failed,
         "error_codes": counts.errors,
+        "pushed_back": counts.pushed_back,
         "seconds": seconds,
         "activities_per_s": counts.written as f64 / seconds,
         "latency_us": {

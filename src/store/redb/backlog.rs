@@ -16,8 +16,8 @@ use std::time::Duration;
 
 /// The wait suggested to a refused save while checkpoints are only behind:
 /// a checkpoint writes about 64 records in 0.2 ms (see
-/// [`YIELD_EVERY`](super::tables::YIELD_EVERY)), so a 16 MiB segment of
-/// 0.6 KiB entries takes about 90 ms.
+/// [`YIELD_EVERY`](super::tables::YIELD_EVERY)), so an 8 MiB segment of
+/// 0.6 KiB entries takes about 45 ms, a slow one twice that.
 pub(super) const BEHIND_RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// Journal bytes waiting for a checkpoint, against their limit. Shared by

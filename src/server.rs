@@ -167,22 +167,29 @@ async fn serve_with<S: Store>(
     let bucket = FairBucket::new(&config.bucket)?;
     let draining = Draining::default();
     let replica = config.coordination.clone().resolved();
-    // Before the first request: a replica admits no retry until the
-    // database has given it a part of the global budget.
-    let coordinator = coordination
-        .map(|pool| {
-            Coordinator::start(pool, bucket.clone(), config.bucket.clone(), replica.clone())
-        })
-        .transpose()?;
+    // Refused before anything starts that would need stopping.
+    if coordination.is_some() {
+        config.coordination.validate()?;
+    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     // Serving only while the store answers: a replica whose database is
-    // gone says so, and says so again when it returns.
+    // gone says so, and says so again when it returns. Its first ping also
+    // brings the schema up to date.
     let store_health = watch::spawn_store_health::<S, RetryBudgetServer<RetryBudgetService<S>>>(
         Arc::clone(&ledger),
         health.clone(),
     )
     .await;
+    // After that first ping, so that the first interval finds the leases'
+    // table on a new database; before the first request, so that a replica
+    // admits no retry until the database has given it a part of the global
+    // budget.
+    let coordinator = coordination
+        .map(|pool| {
+            Coordinator::start(pool, bucket.clone(), config.bucket.clone(), replica.clone())
+        })
+        .transpose()?;
     let coordination_health = coordinator
         .as_ref()
         .map(|c| tokio::spawn(watch::coordination_health(c.state(), health.clone())));

@@ -21,9 +21,8 @@ mod postgres;
 mod redb;
 
 pub use self::commit_stats::{CommitObserver, CommitStats};
-pub use self::postgres::{
-    MIGRATIONS, MigrateError, PgStore, PostgresOptions, error_chain, migrate,
-};
+pub(crate) use self::postgres::error_chain;
+pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
 #[doc(hidden)]
 pub use self::redb::CheckpointFault;
 pub use self::redb::{RedbStore, RedbStoreOptions, RuntimeIdle};

@@ -3,6 +3,8 @@
 //! server, so nothing but the database connects them. Skipped without
 //! PostgreSQL, except under `CI=true` (see `common::postgres`).
 
+#[path = "common/binary.rs"]
+mod binary;
 mod common;
 #[path = "common/postgres.rs"]
 mod postgres;
@@ -95,6 +97,44 @@ async fn replicas_starting_together_migrate_once() {
 
 /// The store's half of the contract: a write names the version it
 /// replaces, and loses to whoever wrote first.
+/// A replica started on a new database brings the schema up to date before
+/// its first coordination interval: granted by its first transaction, none
+/// failing on a leases' table not yet created.
+#[tokio::test]
+async fn a_replica_on_a_new_database_is_granted_by_its_first_interval() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let Some(db) = TestDb::create("first_interval").await else {
+        return;
+    };
+    let mut child = binary::command(&[
+        "--postgres-url",
+        &db.url,
+        "--coordination-interval",
+        "200ms",
+        "--pool-size",
+        "4",
+    ])
+    .spawn()
+    .expect("start the binary");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut log = Vec::new();
+    let granted = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let granted = line.contains("coordination=granted");
+            log.push(line);
+            if granted {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let log = log.join("\n");
+    assert_eq!(granted, Ok(true), "{log}");
+    assert!(log.contains("schema migration applied"), "{log}");
+    assert!(!log.contains("coordination: transaction failed"), "{log}");
+}
+
 #[tokio::test]
 async fn a_write_over_a_version_another_replica_replaced_is_a_conflict() {
     let Some(db) = TestDb::create("conflict").await else {

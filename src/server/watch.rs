@@ -82,6 +82,10 @@ pub(super) async fn coordination_health(
             let serving = if now.status == CoordinationStatus::Granted {
                 tracing::info!(coordination = %now, "coordination");
                 ServingStatus::Serving
+            } else if last.is_none() && now.last_error.is_none() {
+                // Starting: the first interval has not run yet.
+                tracing::info!(coordination = %now, "coordination");
+                ServingStatus::NotServing
             } else {
                 tracing::warn!(coordination = %now, "coordination");
                 ServingStatus::NotServing

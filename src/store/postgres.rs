@@ -409,7 +409,7 @@ fn connection_pool(
 }
 
 /// `error`'s text followed by each of its causes' not already in it.
-pub fn error_chain(error: &(dyn Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 /// `retry-budget serve --listen 127.0.0.1:0 --drain-delay 0s` with `extra`
 /// flags, and nothing taken from the environment that a test did not ask
 /// for (a configuration file, an auth mode, keys, certificates).
-fn command(extra: &[&str]) -> Command {
+pub fn command(extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retry-budget"));
     command
         .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])

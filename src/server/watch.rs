@@ -79,15 +79,17 @@ pub(super) async fn coordination_health(
     loop {
         let now = state.borrow_and_update().clone();
         if last != Some(now.status) {
-            let serving = if now.status == CoordinationStatus::Granted {
+            let granted = now.status == CoordinationStatus::Granted;
+            // Starting (no interval has run yet) is no cause for a warning.
+            let starting = last.is_none() && now.last_error.is_none();
+            if granted || starting {
                 tracing::info!(coordination = %now, "coordination");
-                ServingStatus::Serving
-            } else if last.is_none() && now.last_error.is_none() {
-                // Starting: the first interval has not run yet.
-                tracing::info!(coordination = %now, "coordination");
-                ServingStatus::NotServing
             } else {
                 tracing::warn!(coordination = %now, "coordination");
+            }
+            let serving = if granted {
+                ServingStatus::Serving
+            } else {
                 ServingStatus::NotServing
             };
             health

@@ -290,3 +290,128 @@ async fn each_success_earns_its_deposit_once() {
     let again = client.next_action(pure(1)).await.unwrap();
     assert_eq!(code(again.into_inner()), "deferred");
 }
+
+/// The stable reasons a deferral may give (`reservation_past_max_wait` is
+/// shadow mode's alone: in enforce mode it is a `deadline_exceeded`).
+const DEFER_REASONS: [&str; 3] = [
+    "tenant_share_exhausted",
+    "global_capacity_exhausted",
+    "tenant_backlog_full",
+];
+
+/// A flood far past what the bucket can pay before the activities'
+/// deadline, two tenants, each worker following the README's loop to the
+/// letter (the same attempt and `occurred_at` again at `not_before`): no
+/// deferral points at a moment the deadline leaves no room for, no retry
+/// is granted or starts past the deadline, and every stop replays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_deferrals_never_ends_in_a_retry_past_the_deadline() {
+    let server = TestServer::start_with(|c| {
+        c.bucket.rate = 30.0;
+        c.bucket.burst = 30;
+    })
+    .await;
+    const DEADLINE_S: u64 = 3;
+    const PER_TENANT: usize = 300;
+    let mut tasks = Vec::new();
+    // 600 first failures over about one second, as in the field report
+    // (4,000 over 10 s against a 30 s deadline), scaled to a short test.
+    for i in 0..PER_TENANT {
+        for tenant in ["noisy", "quiet"] {
+            let mut client = server.client().await;
+            let id = format!("flood-{i}");
+            tasks.push(tokio::spawn(async move {
+                let occurred = now_ms();
+                let mut request = durable(&id, 1, DEADLINE_S);
+                request.policy.as_mut().unwrap().max_attempts = 4;
+                request.occurred_at = Some(ts(occurred));
+                let deadline = occurred + DEADLINE_S as i64 * 1000;
+                let mut answers = Vec::new();
+                loop {
+                    let r = client
+                        .next_action(with_tenant(request.clone(), tenant))
+                        .await
+                        .expect("answered")
+                        .into_inner();
+                    answers.push(r.clone());
+                    if r.code != "deferred" {
+                        break;
+                    }
+                    let at = ms(r.not_before.as_ref().unwrap());
+                    while now_ms() < at {
+                        tokio::time::sleep(Duration::from_millis((at - now_ms()).max(1) as u64))
+                            .await;
+                    }
+                }
+                // Asked again after the end, with another occurred_at: the
+                // same answer, replayed.
+                let mut again = request.clone();
+                again.occurred_at = Some(ts(now_ms()));
+                let replay = client
+                    .next_action(with_tenant(again, tenant))
+                    .await
+                    .expect("answered")
+                    .into_inner();
+                let last = answers.last().unwrap();
+                assert!(replay.replayed, "{replay:?}");
+                assert_eq!(
+                    (replay.code.as_str(), replay.not_before),
+                    (last.code.as_str(), last.not_before)
+                );
+                let req = pb::GetActivityRequest { activity_id: id };
+                let activity = client
+                    .get_activity(with_tenant(req, tenant))
+                    .await
+                    .expect("recorded")
+                    .into_inner();
+                (deadline, answers, activity)
+            }));
+        }
+    }
+    let (mut granted, mut exceeded, mut deferred) = (0, 0, 0);
+    for task in tasks {
+        let (deadline, answers, activity) = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every worker ends within a minute")
+            .unwrap();
+        for r in &answers {
+            match r.code.as_str() {
+                "deferred" => {
+                    deferred += 1;
+                    let at = ms(r.not_before.as_ref().unwrap());
+                    assert!(
+                        at <= deadline - 1000,
+                        "a deferral to {} ms before the deadline: {r:?}",
+                        deadline - at
+                    );
+                    assert!(DEFER_REASONS.contains(&r.defer_reason.as_str()), "{r:?}");
+                }
+                "schedule_retry" => {
+                    granted += 1;
+                    assert!(ms(r.not_before.as_ref().unwrap()) <= deadline, "{r:?}");
+                }
+                "deadline_exceeded" => exceeded += 1,
+                other => panic!("unexpected {other}: {r:?}"),
+            }
+        }
+        // The service's own clock: no retry recorded at or after the
+        // deadline it holds.
+        for e in &activity.events {
+            if e.code == "schedule_retry" {
+                let at = ms(e.recorded_at.as_ref().unwrap());
+                assert!(
+                    at < deadline,
+                    "granted {} ms past the deadline: {e:?}",
+                    at - deadline
+                );
+            }
+        }
+    }
+    eprintln!("{granted} granted, {exceeded} deadline_exceeded, {deferred} deferrals");
+    // The flood reaches the boundary on both sides.
+    assert!(
+        granted >= 30 && exceeded >= 100,
+        "{granted} granted, {exceeded} exceeded"
+    );
+    assert!(deferred >= 30, "{deferred} deferrals");
+}

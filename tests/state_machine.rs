@@ -698,8 +698,11 @@ fn hints() -> impl Strategy<Value = Option<(&'static str, Option<i64>)>> {
 fn token() -> impl Strategy<Value = Token> {
     prop_oneof![
         4 => Just(Token::Grant),
-        2 => (0i64..=1200).prop_map(Token::Booked),
-        1 => (0i64..=1200).prop_map(Token::Unbooked),
+        // Often a slot soon, so that a later step comes back to it before
+        // the deadline (the only time a booked slot can be redeemed);
+        // otherwise anywhere up to past the deadline.
+        2 => prop_oneof![0i64..=50, 0i64..=1200].prop_map(Token::Booked),
+        1 => prop_oneof![0i64..=50, 0i64..=1200].prop_map(Token::Unbooked),
     ]
 }
 
@@ -733,9 +736,15 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    // The service clock: mostly small steps, sometimes a long pause, and
-    // sometimes a step back (a clock being corrected).
-    let tick = prop_oneof![8 => 0i64..=3_000, 2 => 3_000i64..=400_000, 1 => -2_000i64..0];
+    // The service clock: mostly small steps, sometimes a pause within a
+    // deadline's reach or a long one past it, and sometimes a step back (a
+    // clock being corrected).
+    let tick = prop_oneof![
+        8 => 0i64..=3_000,
+        1 => 3_000i64..=60_000,
+        1 => 60_000i64..=400_000,
+        1 => -2_000i64..0,
+    ];
     (tick, op()).prop_map(|(tick, op)| Step { tick, op })
 }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::action::{Action, Budget, ErrorClass};
 use super::codes;
-use super::decision::{Deadline, Failure, RetryPlan, decide, settle};
+use super::decision::{Deadline, Failure, RetryPlan, decide, exceed, settle};
 use super::hint::RawHints;
 use super::token::{Admission, TokenGate};
 
@@ -122,10 +122,15 @@ impl Draft {
         self.booked = settle(&mut self.event, admission, now_ms, Some(deadline));
     }
 
-    /// The latest time a booked slot may come and still let the retry start
-    /// before the deadline, as a wait from `now_ms` (zero when already late).
+    /// How long a booked slot may be from `now_ms` and still leave the
+    /// worker time to ask again before the deadline
+    /// ([`Deadline::latest_deferral_ms`]); zero when that moment has passed.
     pub fn max_wait(&self, now_ms: i64) -> std::time::Duration {
-        let left = self.deadline().at_ms().saturating_sub(now_ms).max(0);
+        let left = self
+            .deadline()
+            .latest_deferral_ms()
+            .saturating_sub(now_ms)
+            .max(0);
         std::time::Duration::from_millis(left.unsigned_abs())
     }
 
@@ -209,6 +214,9 @@ pub fn plan(
         });
     }
     let mut reserved = false;
+    // Asked again after a deferral: the worker is here now, on the
+    // service's clock, so the retry cannot start before `now_ms`.
+    let mut asked_again = false;
     if let Some(record) = &existing {
         match record.status {
             Status::Closed => {
@@ -238,6 +246,7 @@ pub fn plan(
                 }));
             }
             reserved = reservation.booked;
+            asked_again = true;
         }
     }
 
@@ -307,6 +316,18 @@ pub fn plan(
             .push_str("; paid by the slot booked when it was deferred");
         let slot = record.reservation.map_or(planned, |r| r.not_before_ms);
         event.not_before_ms = Some(planned.max(slot));
+    }
+    let deadline = record.deadline();
+    if asked_again && event.action == Some(Action::ScheduleRetry) && now_ms >= deadline.at_ms() {
+        // Whatever `occurred_at` says, a retry granted now would start
+        // past the deadline; a booked slot's token goes unused.
+        exceed(
+            &mut event,
+            deadline,
+            now_ms,
+            "the deferred attempt was asked again",
+        );
+        reserved = false;
     }
     Ok(Plan::Fresh(Draft {
         record,

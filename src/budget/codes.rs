@@ -36,7 +36,9 @@ pub const GLOBAL_CAPACITY_EXHAUSTED: &str = "global_capacity_exhausted";
 /// reservation horizon; nothing is booked, ask again later.
 pub const TENANT_BACKLOG_FULL: &str = "tenant_backlog_full";
 /// Refusal reason: the tenant's next slot comes later than the caller can
-/// wait (its deadline); nothing is booked.
+/// wait (its deadline, less the time to ask again); nothing is booked. The
+/// durable decision turns it into `deadline_exceeded`, so a worker sees it
+/// only as shadow mode's `defer_reason`.
 pub const RESERVATION_PAST_MAX_WAIT: &str = "reservation_past_max_wait";
 
 /// The reference's error for an attempt number below 1.

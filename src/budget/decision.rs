@@ -35,6 +35,14 @@ pub struct Failure<'a> {
 
 /// An activity's deadline: no retry may start after `seconds` past
 /// `started_at_ms` (the logical time of its first failure).
+///
+/// One instant, judged against every lower bound on when the retry can
+/// start: the planned start (`occurred_at + delay`, the caller's clock), a
+/// booked slot or turn (`now + wait`, the service's clock) and, for an
+/// attempt asked again after a deferral, the moment it is asked (the
+/// service's clock). A retry any of them puts past the deadline is
+/// `deadline_exceeded`; the two clocks are taken to agree (NTP), as
+/// `[limits] max_timestamp_past` and `max_timestamp_future` already assume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
     /// The logical start, unix milliseconds.
@@ -50,6 +58,13 @@ impl Deadline {
         self.started_at_ms.saturating_add(ms)
     }
 
+    /// The latest `not_before` a deferral may give: [`REASK_MARGIN_MS`]
+    /// before the deadline, so that the worker asking again at `not_before`
+    /// still arrives before it.
+    pub fn latest_deferral_ms(&self) -> i64 {
+        self.at_ms().saturating_sub(REASK_MARGIN_MS)
+    }
+
     /// The reason of a retry that could only start at `start_ms`, past it.
     fn missed(&self, start_ms: i64, why: &str, note: &str) -> String {
         format!(
@@ -58,6 +73,25 @@ impl Deadline {
             self.seconds
         )
     }
+}
+
+/// The least time a deferral leaves between its `not_before` and the
+/// activity's deadline. A deferred worker must come back and ask again
+/// before its retry can start; pointed at a moment closer to the deadline
+/// than one round trip and a scheduler's delay, the only answer it could
+/// get is `deadline_exceeded`, so it gets that answer at once instead.
+pub const REASK_MARGIN_MS: i64 = 1_000;
+
+/// Turns a retry that could only start at `start_ms` into
+/// `deadline_exceeded`, saying why (`why` names what set `start_ms`).
+pub(super) fn exceed(event: &mut Event, deadline: Deadline, start_ms: i64, why: &str) {
+    event.action = Some(Action::DeadlineExceeded);
+    event.code = codes::DEADLINE_EXCEEDED.to_owned();
+    event.reason = deadline.missed(start_ms, why, "");
+    event.not_before_ms = None;
+    event.delay_seconds = 0;
+    event.delay_ms = 0;
+    event.token_taken = false;
 }
 
 /// What a retry needs to be planned: the activity whose jitter it uses, its
@@ -161,8 +195,11 @@ pub fn decide(
 /// Applies the global token's answer to a decided retry: a granted token is
 /// taken; otherwise the retry is deferred to the booked slot (or to when to
 /// ask again), and the attempt is not consumed. When that time, or the
-/// planned start if later, falls past `deadline_ms` (service clock, when the
-/// caller knows one), the decision becomes `deadline_exceeded` instead.
+/// planned start if later, leaves less than [`REASK_MARGIN_MS`] before the
+/// deadline (when the caller keeps one), or the bucket found the slot past
+/// the caller's wait ([`codes::RESERVATION_PAST_MAX_WAIT`]), the decision
+/// becomes `deadline_exceeded` instead: no deferral points a worker at a
+/// moment where the only answer left is a stop.
 ///
 /// Returns whether a slot is booked for the activity.
 pub fn settle(
@@ -192,21 +229,19 @@ pub fn settle(
             reason,
         } => (retry_after, reason, false),
     };
-    let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+    // Rounded up: a slot a fraction of a millisecond after a moment is not
+    // at that moment.
+    let wait_ms = i64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
     let slot_ms = now_ms.saturating_add(wait_ms);
     let not_before = event
         .not_before_ms
         .map_or(slot_ms, |planned| planned.max(slot_ms));
     if let Some(deadline) = deadline
-        && not_before > deadline.at_ms()
+        && (reason == codes::RESERVATION_PAST_MAX_WAIT
+            || not_before > deadline.latest_deferral_ms())
     {
-        event.action = Some(Action::DeadlineExceeded);
-        event.code = codes::DEADLINE_EXCEEDED.to_owned();
         let why = format!("retry capacity is exhausted ({reason}) until");
-        event.reason = deadline.missed(not_before, &why, "");
-        event.not_before_ms = None;
-        event.delay_seconds = 0;
-        event.delay_ms = 0;
+        exceed(event, deadline, not_before, &why);
         return false;
     }
     event.action = Some(Action::Deferred);

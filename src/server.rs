@@ -4,10 +4,11 @@
 //!
 //! # Draining
 //! When `shutdown` resolves: health turns `NOT_SERVING` for every service
-//! name, new `RetryBudget` calls are refused with `UNAVAILABLE`
-//! (`shutting_down`), and for `drain_delay` the server keeps answering so a
-//! mesh sees the change. Then it stops accepting connections and waits for
-//! calls in flight, at most `grace_period`, and returns.
+//! name, and for `drain_delay` the server keeps answering every call as
+//! before, so that balancers and meshes move away first. Then it stops
+//! accepting connections, refuses calls that still arrive on open ones with
+//! `UNAVAILABLE` (`shutting_down`), waits for calls in flight, at most
+//! `grace_period`, gives its part of the global budget back, and returns.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -173,14 +174,8 @@ async fn serve_with<S: Store>(
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    // Serving only while the store answers: a replica whose database is
-    // gone says so, and says so again when it returns. Its first ping also
-    // brings the schema up to date.
-    let store_health = watch::spawn_store_health::<S, RetryBudgetServer<RetryBudgetService<S>>>(
-        Arc::clone(&ledger),
-        health.clone(),
-    )
-    .await;
+    // The first ping brings the schema up to date.
+    let store_answers = watch::first_ping(&ledger).await;
     // After that first ping, so that the first interval finds the leases'
     // table on a new database; before the first request, so that a replica
     // admits no retry until the database has given it a part of the global
@@ -190,6 +185,15 @@ async fn serve_with<S: Store>(
             Coordinator::start(pool, bucket.clone(), config.bucket.clone(), replica.clone())
         })
         .transpose()?;
+    // Serving only while it would admit: the store answers and, with
+    // coordination, a part of the global budget is held.
+    let store_health = watch::spawn_readiness::<S, RetryBudgetServer<RetryBudgetService<S>>>(
+        Arc::clone(&ledger),
+        health.clone(),
+        store_answers,
+        coordinator.as_ref().map(Coordinator::state),
+    )
+    .await;
     let coordination_health = coordinator
         .as_ref()
         .map(|c| tokio::spawn(watch::coordination_health(c.state(), health.clone())));
@@ -331,16 +335,10 @@ async fn serve_with<S: Store>(
             stop_task(task).await;
         }
 
-        tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, new calls refused");
-        draining.start();
+        tracing::info!(drain_delay = ?config.server.drain_delay, "draining: health NOT_SERVING, calls still answered");
         stop_task(store_health).await;
         if let Some(task) = coordination_health {
             stop_task(task).await;
-        }
-        // Its part of the global budget goes to the others at their next
-        // interval, not when its lease lapses.
-        if let Some(coordinator) = coordinator {
-            coordinator.leave().await;
         }
         health
             .set_not_serving::<RetryBudgetServer<RetryBudgetService<S>>>()
@@ -350,22 +348,31 @@ async fn serve_with<S: Store>(
             .await;
         stop_task(sweeper).await;
 
-        // Keep answering (health says NOT_SERVING, calls are refused) so that a
-        // mesh notices before connections go away.
-        if tokio::time::timeout(config.server.drain_delay, &mut serving)
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
+        // Keep answering every call as before, the grant still held, so
+        // that balancers and meshes see NOT_SERVING and move away before a
+        // connection goes or a call is refused.
+        let drained = tokio::time::timeout(config.server.drain_delay, &mut serving).await;
+        // Then stop accepting, refuse what still arrives on open
+        // connections, and let the calls in flight finish.
+        draining.start();
         stop.cancel();
-        match tokio::time::timeout(config.server.grace_period, &mut serving).await {
+        let result = match drained {
             Ok(result) => result.map_err(Into::into),
-            Err(_) => {
-                tracing::warn!(grace_period = ?config.server.grace_period, "calls still in flight after the grace period; stopping");
-                Ok(())
-            }
+            Err(_) => match tokio::time::timeout(config.server.grace_period, &mut serving).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => {
+                    tracing::warn!(grace_period = ?config.server.grace_period, "calls still in flight after the grace period; stopping");
+                    Ok(())
+                }
+            },
+        };
+        // Its part of the global budget goes to the others at their next
+        // interval, not when its lease lapses; after the calls in flight,
+        // which may still need a token.
+        if let Some(coordinator) = coordinator {
+            coordinator.leave().await;
         }
+        result
     }
     .await;
     drop(serving);

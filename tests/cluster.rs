@@ -21,19 +21,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cluster::{Balancer, Replica};
+use cluster::{Balancer, Replica, serving};
 use common::{pb, report, ts};
 use pb::retry_budget_client::RetryBudgetClient;
 use postgres::TestDb;
 use tonic::transport::Channel;
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
-const SERVICE: &str = "retrybudget.v1.RetryBudget";
-
-/// Short, so that shares move within a test's patience.
-const COORDINATION_INTERVAL: &str = "200ms";
+/// Short, so that shares move within a test's patience: for the tests
+/// about where decisions go. The tests about the budget itself run at the
+/// default interval (1 s), as deployments do.
+const FAST: &[&str] = &["--coordination-interval", "200ms"];
 
 /// A global budget too large to defer anything: for the tests about where
 /// decisions go, not about the budget.
@@ -50,9 +47,8 @@ struct Cluster {
 async fn cluster(label: &str, extra: &[&str]) -> Option<Cluster> {
     let db = TestDb::create(label).await?;
     let mut replicas = Vec::new();
-    let extra = [&["--coordination-interval", COORDINATION_INTERVAL], extra].concat();
     for _ in 0..3 {
-        replicas.push(Replica::spawn(&db.url, &extra).await);
+        replicas.push(Replica::spawn(&db.url, extra).await);
     }
     for replica in &replicas {
         common::coordinated(
@@ -64,9 +60,8 @@ async fn cluster(label: &str, extra: &[&str]) -> Option<Cluster> {
         )
         .await;
     }
-    // A replica takes only what the others leave: the first to start held
-    // the whole budget and gives back its excess at its next interval.
-    // Wait until the three hold even parts.
+    // Started one after the other, each took half of what the others left;
+    // at their next intervals they even out. Wait until they have.
     postgres::converged(&db.url, 3).await;
     let lb = Balancer::spawn([&replicas[0].addr, &replicas[1].addr, &replicas[2].addr]).await?;
     let cluster = Cluster { replicas, lb, db };
@@ -151,7 +146,7 @@ async fn get(client: &mut RetryBudgetClient<Channel>, id: &str) -> pb::Activity 
 
 #[tokio::test]
 async fn attempt_counts_continue_whichever_replica_answers() {
-    let Some(cluster) = cluster("cluster_counts", UNLIMITED).await else {
+    let Some(cluster) = cluster("cluster_counts", &[UNLIMITED, FAST].concat()).await else {
         return;
     };
     let served = Arc::new(Mutex::new(HashSet::new()));
@@ -197,7 +192,7 @@ async fn attempt_counts_continue_whichever_replica_answers() {
 
 #[tokio::test]
 async fn the_same_attempt_on_two_replicas_at_once_records_one_decision() {
-    let Some(cluster) = cluster("cluster_same_attempt", UNLIMITED).await else {
+    let Some(cluster) = cluster("cluster_same_attempt", &[UNLIMITED, FAST].concat()).await else {
         return;
     };
     let connect = |r: &Replica| RetryBudgetClient::connect(r.url());
@@ -269,7 +264,7 @@ async fn walk(
 
 #[tokio::test]
 async fn a_replica_killed_mid_load_loses_no_acknowledged_decision() {
-    let Some(mut cluster) = cluster("cluster_sigkill", UNLIMITED).await else {
+    let Some(mut cluster) = cluster("cluster_sigkill", &[UNLIMITED, FAST].concat()).await else {
         return;
     };
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -310,21 +305,6 @@ async fn a_replica_killed_mid_load_loses_no_acknowledged_decision() {
     drop(cluster.db);
 }
 
-/// Health of the `RetryBudget` service on one replica.
-async fn serving(url: String) -> Option<bool> {
-    let channel = Channel::from_shared(url).ok()?.connect().await.ok()?;
-    let mut health = HealthClient::new(channel);
-    let status = health
-        .check(HealthCheckRequest {
-            service: SERVICE.into(),
-        })
-        .await
-        .ok()?
-        .into_inner()
-        .status;
-    Some(status == ServingStatus::Serving as i32)
-}
-
 fn pg_ctl(action: &str) {
     let out = std::process::Command::new("pg_ctlcluster")
         .args([
@@ -344,9 +324,11 @@ fn pg_ctl(action: &str) {
     );
 }
 
-/// PostgreSQL stopped for a few seconds under load: calls get UNAVAILABLE
-/// promptly, health says NOT_SERVING, and after it restarts everything
-/// works again with nothing acknowledged lost.
+/// PostgreSQL stopped for a few seconds under load, at the default
+/// interval: calls get UNAVAILABLE promptly, health says NOT_SERVING, and
+/// after it restarts everything works again with nothing acknowledged
+/// lost, and no retry deferred (the workers assert every answer is a
+/// retry: the budget is idle).
 #[tokio::test]
 #[ignore = "stops the machine's PostgreSQL: run alone, as .ci/run does"]
 async fn postgres_stopped_for_a_few_seconds() {
@@ -488,8 +470,8 @@ async fn demand(
 /// demand above the rate, the retries all replicas admitted stay within
 /// rate x T + burst (plus 1%) and use at least 90% of rate x T (startup
 /// included); a tenant pinned to one replica gets what a tenant spread
-/// over all three gets (within 15%); and when a replica is killed, its
-/// share moves to the others.
+/// over all three gets (within 10%, counted after 4 s); and when a replica
+/// is killed, its share moves to the others. At the default interval.
 #[tokio::test]
 #[ignore = "measures shares over 20 s: needs the machine to itself; .ci/run runs it alone"]
 async fn one_global_budget_shared_fairly_across_replicas() {
@@ -550,9 +532,9 @@ async fn one_global_budget_shared_fairly_across_replicas() {
         "{total} admitted: under 90% of {budget}"
     );
     // Shares once the split has followed the demand: for the first
-    // intervals it is still the even split of a standing start, which gives
-    // the spread tenant three replicas' spare capacity.
-    let settled = started + Duration::from_secs(2);
+    // intervals it is still the split of a standing start, which gives the
+    // spread tenant three replicas' spare capacity.
+    let settled = started + Duration::from_secs(4);
     let steady = |times: &Admitted| {
         let times = times.lock().unwrap();
         times
@@ -561,16 +543,16 @@ async fn one_global_budget_shared_fairly_across_replicas() {
             .count() as f64
     };
     let (p, s) = (steady(&pinned), steady(&spread));
-    eprintln!("from 2 s on: pinned {p}, spread {s}");
+    eprintln!("from 4 s on: pinned {p}, spread {s}");
     assert!(
-        (p - s).abs() <= 0.15 * p.max(s),
-        "pinned {p} and spread {s} differ by more than 15%"
+        (p - s).abs() <= 0.10 * p.max(s),
+        "pinned {p} and spread {s} differ by more than 10%"
     );
 
     // A replica killed: the others hold its share within a few intervals
     // (its lease lapses after three, the others take what it held at their
     // next transaction).
-    let interval = humantime::parse_duration(COORDINATION_INTERVAL).unwrap();
+    let interval = retry_budget::coord::DEFAULT_INTERVAL;
     cluster.replicas[2].kill().await;
     let killed = Instant::now();
     let (client, connection) = tokio_postgres::connect(&cluster.db.url, tokio_postgres::NoTls)

@@ -134,7 +134,8 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
 }
 
 #[tokio::test]
-async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_flight() {
+async fn draining_says_not_serving_answers_for_the_drain_delay_then_refuses_and_finishes_calls_in_flight()
+ {
     let dir = tempfile::tempdir().unwrap();
     let entered = Arc::new(Notify::new());
     let release = Arc::new(watch::Sender::new(false));
@@ -190,14 +191,37 @@ async fn draining_says_not_serving_refuses_new_calls_and_finishes_calls_in_fligh
             "{name:?} while draining"
         );
     }
-    let refused = client
-        .next_action(report("new-call", 1, pb::ErrorClass::Transient))
-        .await
-        .expect_err("new calls are refused while draining");
-    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    // For the drain delay, new calls are answered as before (a call that
+    // saves nothing: every save is held), so that a balancer still
+    // sending here while it notices NOT_SERVING sees no error.
+    let delay = |client: &mut pb::retry_budget_client::RetryBudgetClient<_>| {
+        let mut client = client.clone();
+        async move {
+            client
+                .retry_delay(pb::RetryDelayRequest {
+                    activity_id: "during-drain".into(),
+                    attempt: 1,
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+    let answered = delay(&mut client).await;
+    let within_delay = signalled.elapsed() < Duration::from_secs(3);
+    if within_delay {
+        answered.expect("answered during the drain delay");
+    }
+    // After it, the listener closes and new calls are refused.
+    until("new calls refused after the drain delay", async || {
+        delay(&mut client)
+            .await
+            .is_err_and(|e| e.code() == tonic::Code::Unavailable)
+    })
+    .await;
     assert!(
-        refused.message().starts_with("shutting_down"),
-        "{refused:?}"
+        signalled.elapsed() >= Duration::from_secs(3),
+        "refused only after the drain delay: {:?}",
+        signalled.elapsed()
     );
 
     assert!(!in_flight.is_finished(), "its save is still held");

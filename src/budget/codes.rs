@@ -114,8 +114,8 @@ pub const GRPC_PUSHBACK_DO_NOT_RETRY: &str = "grpc_pushback_do_not_retry";
 
 // The server, its configuration and its edge.
 
-/// A call that arrived while the server drains (`UNAVAILABLE`): ask another
-/// replica.
+/// A call that arrived after the server's drain delay, as it closes
+/// (`UNAVAILABLE`): ask another replica.
 pub const SHUTTING_DOWN: &str = "shutting_down";
 /// Something unexpected failed inside the server (`INTERNAL`); the details
 /// are in its log, not in the answer.

@@ -15,12 +15,20 @@
 //!    for as much as it may get: its workers wait out their deferrals, so
 //!    what it asked is only what it was given.
 //! 3. Each claim's share is split over the replicas in proportion to its
-//!    demand there; the rate nobody asks for is split evenly, so that a
-//!    tenant new on any replica finds spare tokens at once. The replicas'
-//!    targets sum to the global rate.
+//!    demand there: a replica's *need*. The rate nobody asks for (the
+//!    spare) is cut into `replicas + 1` equal parts: each replica holds one
+//!    beside its need, as headroom (a tenant new on it, or demand that
+//!    grows, finds tokens at once), and the last part is held by nobody.
+//!    So a replica that starts finds its whole target unclaimed at its
+//!    first interval, without waiting for the others to give theirs back,
+//!    and a replica whose demand grows takes up to that part at once.
 //! 4. A replica takes `min(target, rate - others' current grants)`: never
-//!    what another still holds. A replica over its target lowers to it; one
-//!    under it grows into what the others have freed, one interval later.
+//!    what another still holds. One that holds nothing yet takes at most
+//!    half of that, so that replicas starting together, each before the
+//!    others have lowered, all get a positive grant at their first
+//!    interval. A replica over its target lowers to it; one under it takes
+//!    what is unclaimed at once, and grows into what the others free at
+//!    its next interval.
 //! 5. Its burst is the global burst in proportion to its rate (rounded
 //!    down, so the bursts never sum past the global one), and its bucket's
 //!    weights are the tenants' rates on it, so the local fair shares
@@ -102,7 +110,7 @@ struct Split<'a> {
     /// The rate each unit of weight gets under contention (`None`: nobody
     /// is held back).
     level: Option<f64>,
-    /// Each replica's target rate.
+    /// Each replica's target rate: its need and its part of the spare.
     targets: Vec<f64>,
 }
 
@@ -117,7 +125,15 @@ pub fn allocate(config: &BucketConfig, replicas: &[ReplicaView], me: usize) -> R
         .map(|(_, v)| v.granted_rate.max(0.0))
         .sum();
     let target = split.targets.get(me).copied().unwrap_or(0.0);
-    let rate = target.min(config.rate - others).max(0.0);
+    // Holding nothing yet, it takes at most half of what nobody holds:
+    // replicas that start together, each before the others have lowered,
+    // all find some.
+    let room = (config.rate - others).max(0.0);
+    let held = replicas
+        .get(me)
+        .map_or(0.0, |v| v.granted_rate.clamp(0.0, room));
+    let room = if held > 0.0 { room } else { room / 2.0 };
+    let rate = target.min(room).max(0.0);
     let burst = (f64::from(config.burst) * rate / config.rate).floor() as u32;
 
     // Local weights: the rates the split gives tenants here; a tenant not
@@ -195,9 +211,9 @@ fn split<'a>(config: &BucketConfig, replicas: &'a [ReplicaView]) -> Split<'a> {
         }
         given += c.share;
     }
-    let spare = (config.rate - given).max(0.0) / replicas.len().max(1) as f64;
+    let headroom = (config.rate - given).max(0.0) / (replicas.len() + 1) as f64;
     for t in &mut targets {
-        *t += spare;
+        *t += headroom;
     }
     Split {
         named,

@@ -15,33 +15,108 @@ use crate::store::Store;
 /// How often health asks the store whether it answers.
 const STORE_HEALTH_PERIOD: Duration = Duration::from_secs(1);
 
-/// Sets health from one ping of the store now, then keeps it following the
-/// store in a task: `NOT_SERVING` for the `RetryBudget` service while the
-/// store does not answer, `SERVING` again once it does. The server's own
-/// name (`""`) stays `SERVING` (the process is alive, and a liveness probe
-/// must not restart every replica while their database is down); only a
-/// drain turns it `NOT_SERVING`. Readiness and load balancers ask for the
-/// service by name.
-pub(super) async fn spawn_store_health<S: Store, N: NamedService>(
+/// Pings the store once, so that the schema is brought up to date before
+/// anything else uses it, and says whether it answered.
+pub(super) async fn first_ping<S: Store>(ledger: &Ledger<S>) -> bool {
+    ping(ledger).await
+}
+
+/// Sets health now, then keeps it following the store and the
+/// coordination in a task. The `RetryBudget` service is `SERVING` only
+/// while it would admit: the store answers, and, with coordination, the
+/// replica holds a part of the global budget (its first grant taken, or
+/// its fallback share). A replica that starts says `NOT_SERVING` until its
+/// first grant, so a balancer sends it nothing it would defer; one whose
+/// database went away says so, and says `SERVING` again once it answers.
+/// The server's own name (`""`) stays `SERVING` (the process is alive, and
+/// a liveness probe must not restart every replica while their database is
+/// down); only a drain turns it `NOT_SERVING`. Readiness probes and load
+/// balancers ask for the service by name.
+pub(super) async fn spawn_readiness<S: Store, N: NamedService>(
     ledger: Arc<Ledger<S>>,
     health: HealthReporter,
+    store_answers: bool,
+    mut coordination: Option<tokio::sync::watch::Receiver<CoordinationState>>,
 ) -> tokio::task::JoinHandle<()> {
-    let mut serving = ping(&ledger).await;
-    set(&health, serving, N::NAME).await;
     health.set_service_status("", ServingStatus::Serving).await;
+    let mut readiness = Readiness {
+        health,
+        name: N::NAME,
+        store_ok: store_answers,
+        serving: None,
+    };
+    readiness.update(&mut coordination).await;
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(STORE_HEALTH_PERIOD);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
         loop {
-            ticks.tick().await;
-            let now = ping(&ledger).await;
-            if now != serving {
-                serving = now;
-                set(&health, serving, N::NAME).await;
+            tokio::select! {
+                _ = ticks.tick() => readiness.store_ok = ping(&ledger).await,
+                changed = changed(&mut coordination) => {
+                    if !changed {
+                        coordination = None;
+                    }
+                }
             }
+            readiness.update(&mut coordination).await;
         }
     })
+}
+
+/// The `RetryBudget` service's health and what it follows.
+struct Readiness {
+    health: HealthReporter,
+    /// The service's health name.
+    name: &'static str,
+    /// Whether the store answered its last ping.
+    store_ok: bool,
+    /// The status last set, if any.
+    serving: Option<bool>,
+}
+
+impl Readiness {
+    /// Sets the status when it changed, saying why in the log.
+    async fn update(
+        &mut self,
+        coordination: &mut Option<tokio::sync::watch::Receiver<CoordinationState>>,
+    ) {
+        let granted = coordination
+            .as_mut()
+            .is_none_or(|c| admitting(&c.borrow_and_update()));
+        let now = self.store_ok && granted;
+        if self.serving == Some(now) {
+            return;
+        }
+        let status = if now {
+            tracing::info!("admitting: health SERVING");
+            ServingStatus::Serving
+        } else {
+            if self.store_ok {
+                tracing::info!("no grant from the coordination yet: health NOT_SERVING");
+            }
+            ServingStatus::NotServing
+        };
+        self.health.set_service_status(self.name, status).await;
+        self.serving = Some(now);
+    }
+}
+
+/// Whether a replica in `state` admits retries: it holds a grant, or its
+/// fallback share.
+fn admitting(state: &CoordinationState) -> bool {
+    state.status != CoordinationStatus::NoGrant
+}
+
+/// The next change of the coordination's state (false once it is gone);
+/// never, without coordination.
+async fn changed(
+    coordination: &mut Option<tokio::sync::watch::Receiver<CoordinationState>>,
+) -> bool {
+    match coordination {
+        Some(c) => c.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
 }
 
 async fn ping<S: Store>(ledger: &Ledger<S>) -> bool {
@@ -52,16 +127,6 @@ async fn ping<S: Store>(ledger: &Ledger<S>) -> bool {
             false
         }
     }
-}
-
-async fn set(health: &HealthReporter, serving: bool, service: &str) {
-    let status = if serving {
-        tracing::info!("the store answers: health SERVING");
-        ServingStatus::Serving
-    } else {
-        ServingStatus::NotServing
-    };
-    health.set_service_status(service, status).await;
 }
 
 /// The health name that tells whether this replica holds a part of the

@@ -14,12 +14,18 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 /// `retry-budget serve --listen 127.0.0.1:0 --drain-delay 0s` with `extra`
-/// flags, and nothing taken from the environment that a test did not ask
-/// for (a configuration file, an auth mode, keys, certificates).
+/// flags (which may set either of those two), and nothing taken from the
+/// environment that a test did not ask for (a configuration file, an auth
+/// mode, keys, certificates).
 pub fn command(extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retry-budget"));
+    command.arg("serve");
+    for (flag, default) in [("--listen", "127.0.0.1:0"), ("--drain-delay", "0s")] {
+        if !extra.contains(&flag) {
+            command.args([flag, default]);
+        }
+    }
     command
-        .args(["serve", "--listen", "127.0.0.1:0", "--drain-delay", "0s"])
         .args(extra)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())

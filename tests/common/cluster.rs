@@ -2,6 +2,8 @@
 //! PostgreSQL, each on an ephemeral port, and HAProxy in front of them with
 //! `deploy/haproxy.cfg` (HTTP/2, round robin per request).
 
+#![allow(dead_code)]
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -39,6 +41,45 @@ impl Replica {
     pub async fn kill(&mut self) {
         self.child.kill().await.expect("kill the replica");
     }
+
+    /// SIGTERM, as Kubernetes stops a pod, and wait until it has drained
+    /// and exited (at most 30 s); returns whether it exited cleanly.
+    pub async fn terminate(&mut self) -> bool {
+        let pid = self.child.id().expect("running").to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("kill");
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("drained and exited within 30 s")
+            .expect("wait")
+            .success()
+    }
+}
+
+/// Whether the replica at `url` says `SERVING` for the `RetryBudget`
+/// service, as a balancer's check asks; `None` when it does not answer.
+pub async fn serving(url: String) -> Option<bool> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let channel = tonic::transport::Channel::from_shared(url)
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    let status = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "retrybudget.v1.RetryBudget".into(),
+        })
+        .await
+        .ok()?
+        .into_inner()
+        .status;
+    Some(status == ServingStatus::Serving as i32)
 }
 
 /// HAProxy in front of the replicas, or `None` (said on stderr) when it is

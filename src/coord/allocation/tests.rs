@@ -45,7 +45,7 @@ fn a_pinned_tenant_and_a_spread_one_get_the_same_share() {
     let s = shares(&c, &replicas);
     assert_eq!((s["pinned"], s["spread"]), (45.0, 45.0));
     let t = split(&c, &replicas).targets;
-    assert_eq!(t, [45.0 + 15.0, 15.0, 15.0]);
+    assert_eq!(t, [45.0 + 15.0, 15.0, 15.0], "no spare: the needs alone");
     let g = allocate(&c, &replicas, 0);
     assert_eq!(
         (g.rate, g.target, g.burst),
@@ -69,22 +69,63 @@ fn small_demands_are_met_and_the_rest_shared_by_weight() {
 }
 
 #[test]
-fn capacity_nobody_asks_for_is_split_evenly_and_a_newcomer_weighs_like_a_saturated_tenant() {
+fn capacity_nobody_asks_for_is_split_evenly_with_a_part_left_and_a_newcomer_weighs_like_a_saturated_tenant()
+ {
     let c = config(100.0, 100);
     let replicas = [view(&[("a", 10.0)], 0.0), view(&[], 0.0)];
-    assert_eq!(split(&c, &replicas).targets, [10.0 + 45.0, 45.0]);
+    assert_eq!(split(&c, &replicas).targets, [10.0 + 30.0, 30.0]);
     let g = allocate(&c, &replicas, 1);
-    assert_eq!((g.rate, g.burst), (45.0, 45));
+    assert_eq!((g.rate, g.burst), (30.0, 30));
     assert!(g.default_weight > 0);
     let gold = i64::from(g.weights["gold"]);
     assert!((gold - 3 * i64::from(g.default_weight)).abs() <= 3, "{g:?}");
 }
 
 #[test]
-fn a_lone_replica_with_no_demand_takes_everything() {
+fn a_lone_replica_holds_its_need_and_half_the_spare() {
     let c = config(100.0, 100);
     let g = allocate(&c, &[view(&[], 0.0)], 0);
+    assert_eq!((g.rate, g.burst, g.target), (50.0, 50, 50.0));
+    // Demand grows to 60: its need and half the spare left, at once.
+    let g = allocate(&c, &[view(&[("a", 60.0)], 50.0)], 0);
+    assert_eq!((g.rate, g.burst, g.target), (80.0, 80, 80.0));
+    let g = allocate(&c, &[view(&[("a", 600.0)], 100.0)], 0);
     assert_eq!((g.rate, g.burst, g.target), (100.0, 100, 100.0));
+}
+
+/// The issue this rule exists for: the first replica to start must not
+/// hold the budget the next ones need. Three replicas started one after
+/// the other, nothing asked yet: each is granted its whole target at its
+/// first interval, and something is still left.
+#[test]
+fn replicas_that_start_one_after_the_other_are_each_granted_at_once() {
+    let c = config(100_000.0, 100_000);
+    let mut replicas: Vec<ReplicaView> = Vec::new();
+    for n in 1..=4 {
+        replicas.push(view(&[], 0.0));
+        let me = replicas.len() - 1;
+        let g = allocate(&c, &replicas, me);
+        assert!(g.rate > 0.0, "replica {n} granted nothing");
+        replicas[me].granted_rate = g.rate;
+        let held: f64 = replicas.iter().map(|r| r.granted_rate).sum();
+        assert!(held < c.rate, "replica {n}: {held} held of {}", c.rate);
+    }
+    // Started together (none has lowered yet), each took half of what was
+    // left: all positive.
+    let rates: Vec<f64> = replicas.iter().map(|r| r.granted_rate).collect();
+    assert_eq!(rates, [50_000.0, 25_000.0, 12_500.0, 6_250.0]);
+    // At their next intervals they settle on even parts, a fifth left.
+    for _ in 0..4 {
+        for me in 0..replicas.len() {
+            let g = allocate(&c, &replicas, me);
+            replicas[me].granted_rate = g.rate;
+        }
+    }
+    let rates: Vec<f64> = replicas.iter().map(|r| r.granted_rate).collect();
+    assert!(
+        rates.iter().all(|&r| (r - 20_000.0).abs() < 1.0),
+        "{rates:?}"
+    );
 }
 
 fn replicas_strategy() -> impl Strategy<Value = Vec<ReplicaView>> {
@@ -112,17 +153,21 @@ fn replicas_strategy() -> impl Strategy<Value = Vec<ReplicaView>> {
 
 proptest! {
     #[test]
-    fn targets_sum_to_the_rate_and_shares_are_weighted_max_min(
+    fn targets_leave_one_part_of_the_spare_and_shares_are_weighted_max_min(
         replicas in replicas_strategy(),
         rate in 1.0..500.0f64,
     ) {
         let c = config(rate, 50);
         let s = split(&c, &replicas);
         let targets: f64 = s.targets.iter().sum();
-        prop_assert!((targets - rate).abs() <= 1e-6 * rate, "{targets} != {rate}");
         let demand: f64 = s.claims.iter().map(Claim::total).sum();
         let given: f64 = s.claims.iter().map(|c| c.share).sum();
         prop_assert!((given - demand.min(rate)).abs() <= 1e-6 * rate);
+        let left = (rate - given) / (replicas.len() + 1) as f64;
+        prop_assert!(
+            (rate - targets - left).abs() <= 1e-6 * rate,
+            "targets {targets} of {rate}: {left} should be left"
+        );
         // No claim gets more than it asks; one held back gets at least as
         // much per weight as any other.
         for a in &s.claims {
@@ -153,6 +198,43 @@ proptest! {
             prop_assert!(g.rate <= (rate - others).max(0.0) + 1e-9);
             prop_assert!(f64::from(g.burst) <= 50.0 * g.rate / rate + 1e-9);
         }
+    }
+
+    /// A replica that joins replicas holding their targets is granted its
+    /// whole target at its first interval, whatever they ask: the spare's
+    /// last part is never held. And one whose demand grows while the
+    /// others hold their targets gets at once as much as was left.
+    #[test]
+    fn a_newcomer_or_a_growing_replica_takes_what_is_left_without_waiting(
+        replicas in replicas_strategy(),
+        rate in 1.0..500.0f64,
+        grown in 0.0..1000.0f64,
+    ) {
+        let c = config(rate, 50);
+        let targets = split(&c, &replicas).targets;
+        let mut settled = replicas.clone();
+        for (replica, target) in settled.iter_mut().zip(targets) {
+            replica.granted_rate = target;
+        }
+        let held: f64 = settled.iter().map(|r| r.granted_rate).sum();
+        let left = rate - held;
+        let mut joined = settled.clone();
+        joined.push(view(&[], 0.0));
+        let newcomer = allocate(&c, &joined, joined.len() - 1);
+        prop_assert!(
+            newcomer.rate >= newcomer.target.min(left / 2.0) - 1e-6 * rate,
+            "granted {} of its target {}, {left} left", newcomer.rate, newcomer.target
+        );
+        prop_assert!(left <= 1e-9 * rate || newcomer.rate > 0.0, "{left} left, none granted");
+        let mut growing = settled.clone();
+        growing[0].demand.tenants.push(("z".into(), grown));
+        let g = allocate(&c, &growing, 0);
+        let want = if settled[0].granted_rate > 0.0 {
+            g.target.min(settled[0].granted_rate + left)
+        } else {
+            g.target.min(left / 2.0)
+        };
+        prop_assert!(g.rate >= want - 1e-6 * rate, "{} < {want}", g.rate);
     }
 
     /// The same tenant's demand, all on one replica or spread evenly over
@@ -203,7 +285,7 @@ fn a_tenant_held_back_claims_its_fair_share_whatever_it_asked() {
     ];
     let grants: Vec<_> = (0..3).map(|me| allocate(&config, &replicas, me)).collect();
     let targets: f64 = grants.iter().map(|g| g.target).sum();
-    assert!((targets - 30.0).abs() < 1e-9, "{targets}");
+    assert!((targets - 30.0).abs() < 1e-9, "no spare: {targets}");
     // The pinned tenant's half is all on the first replica; the spread
     // tenant's half is split evenly, not by what it managed to ask.
     assert!(
@@ -216,4 +298,43 @@ fn a_tenant_held_back_claims_its_fair_share_whatever_it_asked() {
         "{}",
         grants[1].target
     );
+}
+
+/// Demand that jumps tenfold on one replica, above what is left: it takes
+/// what is unclaimed at its next interval, the others lower to their new
+/// targets at theirs, and it holds its fair share by its second interval,
+/// whichever order the replicas' intervals run in.
+#[test]
+fn demand_that_jumps_gets_its_fair_share_within_two_intervals() {
+    let c = BucketConfig {
+        rate: 100.0,
+        burst: 100,
+        ..BucketConfig::default()
+    };
+    for order in [[0, 1, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]] {
+        let mut replicas = vec![
+            view(&[("a", 10.0)], 0.0),
+            view(&[("b", 10.0)], 0.0),
+            view(&[("c", 10.0)], 0.0),
+        ];
+        // Settled: each holds its need and a quarter of the spare.
+        for _ in 0..4 {
+            for me in 0..3 {
+                replicas[me].granted_rate = allocate(&c, &replicas, me).rate;
+            }
+        }
+        assert!((replicas[0].granted_rate - 27.5).abs() < 1e-9);
+        replicas[0].demand.tenants = vec![("a".into(), 100.0)];
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            for &me in &order {
+                replicas[me].granted_rate = allocate(&c, &replicas, me).rate;
+            }
+            held.push(replicas[0].granted_rate);
+            let total: f64 = replicas.iter().map(|r| r.granted_rate).sum();
+            assert!(total <= c.rate + 1e-9, "{total}");
+        }
+        // Max-min: b and c keep their 10, a gets the 80 left.
+        assert!((held[1] - 80.0).abs() < 1e-9, "order {order:?}: {held:?}");
+    }
 }

@@ -1,8 +1,10 @@
 //! Rollouts at the default coordination interval (1 s), with the real
 //! binary on PostgreSQL: replicas that start admit at once, a rolling
 //! restart behind HAProxy defers nothing and fails nothing. Each test runs
-//! a load of pure `NextAction` retries (1,000 a second) against a budget
-//! far above it, so that any deferral is one a user could not explain.
+//! a load of `NextAction` retries (1,000 a second, one in ten a durable
+//! report) against a budget far above it, so that any deferral is one a
+//! user could not explain, and replays every durable decision acknowledged
+//! at the end.
 //!
 //! `#[ignore]`d: they count every answer over several seconds and need the
 //! machine to themselves; `.ci/run` runs them alone (`cargo test --test
@@ -43,6 +45,53 @@ struct Seen {
 
 type Tally = Arc<Mutex<BTreeMap<String, Seen>>>;
 
+/// Every tenth retry is a durable report of a fresh activity: the
+/// decisions acknowledged, by activity id, to replay at the end.
+type Acked = Arc<Mutex<BTreeMap<String, pb::NextActionResponse>>>;
+
+/// A durable first failure of activity `id`, retried at once if allowed.
+fn durable(id: &str, tenant: &str) -> tonic::Request<pb::NextActionRequest> {
+    let mut report = common::report(id, 1, pb::ErrorClass::Transient);
+    report.policy = Some(pb::Policy {
+        max_attempts: 5,
+        deadline_seconds: 3600,
+        base: Some(0),
+        cap: Some(0),
+    });
+    report.occurred_at = Some(common::ts(retry_budget::clock::now_ms()));
+    let mut request = tonic::Request::new(report);
+    request
+        .metadata_mut()
+        .insert("x-tenant-id", tenant.parse().expect("ascii"));
+    request
+}
+
+/// Asks every acknowledged decision again through `client`: each replays
+/// exactly, whichever replica recorded it and whatever restarted since.
+async fn check_replays(mut client: RetryBudgetClient<Channel>, acked: &Acked) {
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 100,
+        "{} durable decisions acknowledged",
+        acked.len()
+    );
+    for (id, first) in &acked {
+        let tenant = if id.ends_with('0') { "quiet" } else { "noisy" };
+        let again = client
+            .next_action(durable(id, tenant))
+            .await
+            .expect("answered")
+            .into_inner();
+        assert!(again.replayed, "{id}: {again:?}");
+        assert_eq!(
+            (&again.code, again.not_before, again.delay_ms),
+            (&first.code, first.not_before, first.delay_ms),
+            "{id} replays exactly"
+        );
+    }
+    eprintln!("{} acknowledged decisions replayed exactly", acked.len());
+}
+
 /// The targets the load goes to, by name, round robin.
 type Rotation = Arc<Mutex<Vec<(String, RetryBudgetClient<Channel>)>>>;
 
@@ -68,7 +117,7 @@ fn retry(tenant: &str) -> tonic::Request<pb::NextActionRequest> {
 /// Sends [`LOAD`] retries a second, open loop, round robin over the
 /// clients in `rotation` (as a balancer would), until `until`; counts each
 /// answer in `tally` under its target's name.
-async fn load(rotation: Rotation, tally: Tally, until: Instant) {
+async fn load(rotation: Rotation, tally: Tally, acked: Acked, until: Instant) {
     let mut ticks = tokio::time::interval(Duration::from_millis(10));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut sent = 0u64;
@@ -91,9 +140,21 @@ async fn load(rotation: Rotation, tally: Tally, until: Instant) {
             sent += 1;
             let tenant = if sent % 5 == 0 { "quiet" } else { "noisy" };
             let tally = Arc::clone(&tally);
+            let acked = Arc::clone(&acked);
             calls.spawn(async move {
                 let (name, mut client) = target;
-                let answer = client.next_action(retry(tenant)).await;
+                let id = format!("ack-{sent}");
+                let answer = if sent % 10 == 0 {
+                    client.next_action(durable(&id, tenant)).await
+                } else {
+                    client.next_action(retry(tenant)).await
+                };
+                if let Ok(a) = &answer
+                    && sent % 10 == 0
+                    && a.get_ref().code == "schedule_retry"
+                {
+                    acked.lock().unwrap().insert(id, a.get_ref().clone());
+                }
                 let mut tally = tally.lock().unwrap();
                 let seen = tally.entry(name).or_default();
                 match answer {
@@ -160,7 +221,13 @@ async fn replicas_that_start_admit_from_the_moment_they_say_serving() {
     for _ in 0..3 {
         replicas.push(Replica::spawn(&db.url, IDLE_BUDGET).await);
     }
-    let sending = tokio::spawn(load(Arc::clone(&rotation), Arc::clone(&tally), until));
+    let acked: Acked = Arc::default();
+    let sending = tokio::spawn(load(
+        Arc::clone(&rotation),
+        Arc::clone(&tally),
+        Arc::clone(&acked),
+        until,
+    ));
     for (i, replica) in replicas.iter().enumerate() {
         let took = add_when_serving(&rotation, &format!("replica-{}", i + 1), replica).await;
         eprintln!("replica-{} SERVING {took:?} after the check began", i + 1);
@@ -177,6 +244,11 @@ async fn replicas_that_start_admit_from_the_moment_they_say_serving() {
         assert!(seen.granted > 100, "{name}: {seen:?}");
         assert_eq!((seen.deferred, seen.errors), (0, 0), "{name}: {seen:?}");
     }
+    check_replays(
+        RetryBudgetClient::connect(fourth.url()).await.unwrap(),
+        &acked,
+    )
+    .await;
 }
 
 /// A rolling restart of all three replicas behind HAProxy (its health
@@ -226,7 +298,13 @@ async fn a_rolling_restart_behind_haproxy_defers_nothing_and_fails_nothing() {
     let rotation = Arc::new(Mutex::new(vec![("haproxy".to_owned(), client)]));
     let tally: Tally = Arc::default();
     let until = Instant::now() + Duration::from_secs(60);
-    let sending = tokio::spawn(load(Arc::clone(&rotation), Arc::clone(&tally), until));
+    let acked: Acked = Arc::default();
+    let sending = tokio::spawn(load(
+        Arc::clone(&rotation),
+        Arc::clone(&tally),
+        Arc::clone(&acked),
+        until,
+    ));
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (i, &port) in ports.iter().enumerate() {
         let began = Instant::now();
@@ -256,5 +334,5 @@ async fn a_rolling_restart_behind_haproxy_defers_nothing_and_fails_nothing() {
     let seen = tally["haproxy"];
     assert!(seen.granted > 5_000, "{seen:?}");
     assert_eq!((seen.deferred, seen.errors), (0, 0), "{seen:?}");
-    drop(lb);
+    check_replays(RetryBudgetClient::connect(lb.url()).await.unwrap(), &acked).await;
 }

@@ -166,6 +166,20 @@ else
   fail "RetryDelay attempt 0 -> InvalidArgument attempt_must_be_positive: got ${r//$'\n'/ }"
 fi
 
+# --- a refusal's details, decoded through reflection -------------------------------
+# The durable form, attempt 3 of an activity that has none: grpcurl prints the
+# google.rpc.ErrorInfo's reason and metadata, found by reflection.
+if r=$("${G[@]}" -d '{"activity_id":"details-1","attempt":3,"error_class":"ERROR_CLASS_TRANSIENT"}' "$ADDR" "$SVC/NextAction" 2>&1); then
+  fail "NextAction attempt 3 of a new activity must fail, but it answered: $r"
+elif grep -q 'not recognized' <<<"$r"; then
+  fail "the error details are not resolvable through reflection: ${r//$'\n'/ }"
+elif grep -Eq '"reason": ?"attempt_out_of_order"' <<<"$r" && grep -Eq '"expected": ?"1"' <<<"$r" \
+  && grep -Eq '"got": ?"3"' <<<"$r"; then
+  pass "NextAction attempt 3 -> ErrorInfo reason attempt_out_of_order, metadata expected 1, got 3"
+else
+  fail "NextAction attempt 3 -> ErrorInfo with reason and metadata: got ${r//$'\n'/ }"
+fi
+
 # --- health -------------------------------------------------------------------------
 for svc in "" "$SVC"; do
   if r=$("${G[@]}" -d "{\"service\":\"$svc\"}" "$ADDR" grpc.health.v1.Health/Check 2>&1) \

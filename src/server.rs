@@ -464,6 +464,9 @@ fn reflection() -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
         .include_reflection_service(false)
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        // google.rpc's error details (ErrorInfo, RetryInfo), so that
+        // grpcurl decodes every refusal's details without a proto file.
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)

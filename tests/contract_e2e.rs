@@ -387,6 +387,13 @@ async fn refusals_of_the_core_name_the_values_involved() {
         (r.meta("status"), r.meta("closed_code"), r.meta("attempts")),
         (Some("closed"), Some("fail_permanent"), Some("2"))
     );
+    // Whatever attempt comes after: the activity is closed, not an
+    // attempt out of order that points at another refused call.
+    let status = client
+        .next_action(now_report("core-1", 7))
+        .await
+        .expect_err("closed");
+    assert_eq!(refusal(&status).reason, "activity_closed");
     let after = get(&mut client, "core-1").await;
     assert_eq!(
         after.events.len(),

@@ -282,12 +282,8 @@ impl Model {
         if attempt <= record.attempts {
             return Expected::Replay(Arc::clone(&self.decided[&attempt]));
         }
-        if attempt != record.attempts + 1 {
-            return Expected::Refused(BudgetError::AttemptOutOfOrder {
-                expected: record.attempts + 1,
-                got: attempt,
-            });
-        }
+        // Past the last decision, a closed or parked activity says so
+        // whatever the attempt.
         match record.status {
             Status::Closed => {
                 return Expected::Refused(BudgetError::ActivityClosed {
@@ -304,6 +300,12 @@ impl Model {
                 });
             }
             Status::Open => {}
+        }
+        if attempt != record.attempts + 1 {
+            return Expected::Refused(BudgetError::AttemptOutOfOrder {
+                expected: record.attempts + 1,
+                got: attempt,
+            });
         }
         if let Some(r) = record.reservation
             && r.attempt == attempt

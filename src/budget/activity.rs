@@ -207,17 +207,12 @@ pub fn plan(
         }
     }
     let expected = recorded.saturating_add(1);
-    if report.attempt != expected {
-        return Err(BudgetError::AttemptOutOfOrder {
-            expected,
-            got: report.attempt,
-        });
-    }
-    let mut reserved = false;
-    // Asked again after a deferral: the worker is here now, on the
-    // service's clock, so the retry cannot start before `now_ms`.
-    let mut asked_again = false;
-    if let Some(record) = &existing {
+    // Past its last decision, a closed or parked activity says so whatever
+    // attempt is reported: pointing at the next attempt would point at a
+    // call that is refused too.
+    if let Some(record) = &existing
+        && report.attempt >= expected
+    {
         match record.status {
             Status::Closed => {
                 return Err(BudgetError::ActivityClosed {
@@ -232,6 +227,18 @@ pub fn plan(
             }
             Status::Open => {}
         }
+    }
+    if report.attempt != expected {
+        return Err(BudgetError::AttemptOutOfOrder {
+            expected,
+            got: report.attempt,
+        });
+    }
+    let mut reserved = false;
+    // Asked again after a deferral: the worker is here now, on the
+    // service's clock, so the retry cannot start before `now_ms`.
+    let mut asked_again = false;
+    if let Some(record) = &existing {
         if let Some(reservation) = record.reservation
             && reservation.attempt == report.attempt
         {

@@ -69,6 +69,34 @@ pub enum MigrateError {
 /// # Errors
 /// [`MigrateError`] when the database fails or is newer than this release.
 pub async fn migrate(client: &mut Client) -> Result<usize, MigrateError> {
+    // `CREATE ... IF NOT EXISTS` of what exists is the normal case at every
+    // start after the first (and for replicas started together): its
+    // NOTICE ("already exists, skipping") would reach the log at INFO.
+    // Warnings and errors still come through.
+    quiet(client, true).await?;
+    let migrated = migrate_quietly(client).await;
+    quiet(client, false).await?;
+    migrated
+}
+
+/// Turns the session's notices off (`on`) or back to the default.
+async fn quiet(client: &Client, on: bool) -> Result<(), MigrateError> {
+    let sql = if on {
+        "SET client_min_messages = warning"
+    } else {
+        "RESET client_min_messages"
+    };
+    client
+        .batch_execute(sql)
+        .await
+        .map_err(|source| MigrateError::Database {
+            version: 0,
+            name: "schema_migrations",
+            source,
+        })
+}
+
+async fn migrate_quietly(client: &mut Client) -> Result<usize, MigrateError> {
     retried(|| client.batch_execute(LEDGER))
         .await
         .map_err(|source| MigrateError::Database {

@@ -57,8 +57,8 @@ def starts(app, key):
     return [float(x) for x in app.store.lrange(key, 0, -1)]
 
 
-def activity(srv, result):
-    return get_activity(srv, TENANT, "%s:%s" % (result.task_name, result.id))
+def activity(srv, result, task="flaky"):
+    return get_activity(srv, TENANT, "%s:%s" % (task, result.id))
 
 
 def test_two_transient_failures_then_success_at_the_services_times(servers, worker):
@@ -99,7 +99,7 @@ def test_with_the_budget_exhausted_the_task_waits_for_the_booked_slot(servers, w
     result = app.flaky_tight.apply_async((key, 1))
     assert result.get(timeout=30) == "ok after 2"
     runs = starts(app, key)
-    act = activity(servers["tight"], result)
+    act = activity(servers["tight"], result, "flaky_tight")
     events = [(e.kind, e.attempt, e.code) for e in act.events]
     assert events[:2] == [("decision", 1, "deferred"), ("decision", 1, "schedule_retry")], events
     assert act.events[0].slot_booked and act.events[1].token_taken
@@ -117,7 +117,7 @@ def test_service_down_mid_run_falls_back_to_celerys_own_retries(servers, worker)
     deadline = time.monotonic() + 20
     while True:
         try:
-            if activity(srv, result).events:
+            if activity(srv, result, "flaky_doomed").events:
                 break
         except Exception:  # noqa: BLE001 - not recorded yet
             pass
@@ -132,5 +132,5 @@ def test_service_down_mid_run_falls_back_to_celerys_own_retries(servers, worker)
     text = log_path.read_text()
     assert text.count("cannot be reached") == 1, text[-4000:]
     assert "Celery's own retry settings" in text
-    act = activity(srv, result)
+    act = activity(srv, result, "flaky_doomed")
     assert [(e.attempt, e.code) for e in act.events][0] == (1, "schedule_retry")

@@ -26,8 +26,11 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.dirname(HERE)
 REPO = os.path.abspath(os.path.join(PACKAGE, "..", ".."))
-sys.path.insert(0, PACKAGE)  # the retry_budget package of this checkout, installed or not
 sys.path.insert(0, HERE)
+try:  # the installed package (pip install ./clients/python), else this checkout's
+    import retry_budget  # noqa: F401
+except ImportError:
+    sys.path.insert(0, PACKAGE)
 
 SERVING = re.compile(r"\bserving addr=(\S+)")
 

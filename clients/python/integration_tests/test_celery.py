@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("celery")
 redis = pytest.importorskip("redis")
 
-from conftest import EARLY, HERE, LATE, PACKAGE, drain, fresh, get_activity  # noqa: E402
+from conftest import EARLY, HERE, LATE, drain, fresh, get_activity  # noqa: E402
+import retry_budget  # noqa: E402
 from retry_budget import to_unix  # noqa: E402
 
 BROKER = os.environ.get("RB_BROKER", "redis://127.0.0.1:6379/0")
@@ -28,7 +29,9 @@ def worker(servers, tmp_path_factory):
     env = {**os.environ, "RB_BROKER": BROKER, "RB_QUEUE": queue, "RB_TENANT": TENANT,
            "RB_PLAIN": servers["plain"].target, "RB_TIGHT": servers["tight"].target,
            "RB_DOOMED": servers["doomed"].target,
-           "PYTHONPATH": os.pathsep.join([PACKAGE, HERE, os.environ.get("PYTHONPATH", "")])}
+           # celery_app, and retry_budget as the tests import it (installed or not).
+           "PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(os.path.dirname(
+               retry_budget.__file__)), os.environ.get("PYTHONPATH", "")])}
     os.environ.update({k: env[k] for k in ("RB_BROKER", "RB_QUEUE", "RB_TENANT")})
     log_path = tmp_path_factory.mktemp("celery") / "worker.log"
     log = open(log_path, "w")

@@ -32,6 +32,7 @@ REDIS_PY=8.2.0
 DBOS=3.4.0
 GRPCIO_TOOLS=1.85.1 # the one that generated clients/python/retry_budget/_pb
 PYTEST=9.2.0
+MYPY=2.4.1
 
 echo "--- services: Redis on 127.0.0.1:6379, PostgreSQL on 127.0.0.1:5432"
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
@@ -52,12 +53,15 @@ pg_isready -h 127.0.0.1 -p 5432
 echo "--- Python: the package, installed as a user would (pip install ./clients/python)"
 PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check \
   "$ROOT/clients/python" "temporalio==$TEMPORALIO" "celery[redis]==$CELERY" "redis==$REDIS_PY" \
-  "dbos==$DBOS" "grpcio-tools==$GRPCIO_TOOLS" "pytest==$PYTEST"
+  "dbos==$DBOS" "grpcio-tools==$GRPCIO_TOOLS" "pytest==$PYTEST" "mypy==$MYPY"
 # From a folder without the checkout on sys.path: the installed package.
 (cd / && "$PY" -c 'import retry_budget, retry_budget.temporal, retry_budget.celery, retry_budget.dbos, importlib.metadata as m
 print("retry_budget", m.version("retry-budget"), "from", retry_budget.__file__)
 print(" ".join("%s %s" % (n, m.version(n)) for n in ("temporalio", "celery", "dbos", "grpcio", "protobuf")))')
 "$PY" "$ROOT/clients/python/gen_stubs.py" --check
+# The package is typed (py.typed, the stubs' .pyi): its annotations hold
+# against the frameworks' own (celery has none: --ignore-missing-imports).
+(cd "$ROOT/clients/python" && "$PY" -m mypy --ignore-missing-imports --no-incremental retry_budget)
 
 echo "--- Node.js: the package installs, its BullMQ strategy imports"
 cd "$ROOT/clients/node"

@@ -149,6 +149,26 @@ def test_a_permanent_failure_is_non_retryable_at_once(servers):
     assert act.status == pb2.ACTIVITY_STATUS_CLOSED and act.closed_code == "fail_permanent"
 
 
+def test_a_raw_failure_is_classified_by_the_services_rules(servers):
+    tenant, wf = fresh("temporal"), fresh("wf")
+    dep = Dependency(5, RuntimeError)
+    # The classifier hands over the raw failure: an HTTP 404 from the dependency.
+    budget = settings(servers["plain"], tenant, classify=lambda exc: {"http_status": 404})
+
+    @activity.defn
+    @with_retry_budget(budget)
+    async def fetch() -> str:
+        return await dep.call()
+
+    result, failures = asyncio.run(run_like_temporal(fetch, wf, "4"))
+    assert result is None and len(dep.starts) == 1
+    assert failures[0][1].application_failure_info.non_retryable
+    with RetryBudget(servers["plain"].target, tenant=tenant) as rb:
+        event = rb.get_activity(wf + ":4").events[0]
+    assert event.code == "fail_permanent" and event.rule, event
+    assert event.error_class == pb2.ERROR_CLASS_PERMANENT
+
+
 def test_a_sync_activity_is_wrapped_too(servers):
     tenant, wf = fresh("temporal"), fresh("wf")
     calls = []

@@ -37,14 +37,16 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 import grpc
 
-from .client import RetryBudget, error_code, pb2, to_policy, to_timestamp, to_unix
+from ._pb import error_detail_pb2
+from .client import RetryBudget, error_class, error_code, pb2, to_policy, to_timestamp, to_unix
 
 log = logging.getLogger("retry_budget")
 
 #: What a classifier returns: a class name ("transient", "permanent",
-#: "unknown") or the raw failure as an ErrorDetail mapping
-#: ({"http_status": 503, "retry_after": "2"}) for the service to classify.
-Classification = Union[str, Mapping[str, Any]]
+#: "unknown"), an ErrorClass value, or the raw failure as an ErrorDetail
+#: mapping ({"http_status": 503, "retry_after": "2"}) for the service's
+#: rules to classify.
+Classification = Union[str, int, Mapping[str, Any]]
 
 #: gRPC codes that mean the service did not decide: fall back.
 _UNREACHABLE = frozenset({
@@ -122,8 +124,12 @@ class Plan:
         return max(0.0, self.not_before - (time.time() if now is None else now))
 
 
-def _has_field(message: Any, name: str) -> bool:
-    return name in message.DESCRIPTOR.fields_by_name
+def _set_dependency(message: Any, dependency: str) -> None:
+    """Sets `dependency` when the generated message has the field (#52 adds
+    it to NextActionRequest and RecordSuccessRequest): until then it is only
+    logged."""
+    if dependency and "dependency" in message.DESCRIPTOR.fields_by_name:
+        setattr(message, "dependency", dependency)
 
 
 class Advisor:
@@ -199,19 +205,17 @@ class Advisor:
                  occurred_at: Any, workflow_id: str):
         req = pb2.NextActionRequest(activity_id=activity_id, attempt=attempt,
                                     workflow_id=workflow_id or "")
-        if isinstance(classification, str):
-            req.error_class = pb2.ErrorClass.Value("ERROR_CLASS_" + classification.upper())
-        elif isinstance(classification, int):
-            req.error_class = classification
+        if isinstance(classification, (str, int)):
+            req.error_class = error_class(classification)
         else:
-            req.error.CopyFrom(pb2.ErrorDetail(**dict(classification)))
+            req.error.CopyFrom(error_detail_pb2.ErrorDetail(**dict(classification)))
         policy = to_policy(self.settings.policy)
         if policy is not None:
             req.policy.CopyFrom(policy)
         ts = to_timestamp(occurred_at if occurred_at is not None else time.time())
+        assert ts is not None  # a time that is given always converts
         req.occurred_at.CopyFrom(ts)
-        if self.settings.dependency and _has_field(req, "dependency"):
-            req.dependency = self.settings.dependency
+        _set_dependency(req, self.settings.dependency)
         return req
 
     def _ask(self, req) -> Plan:
@@ -317,8 +321,7 @@ class Advisor:
     def succeeded(self, activity_id: str) -> None:
         """RecordSuccess; a service that cannot be reached is logged, never raised."""
         req = pb2.RecordSuccessRequest(activity_id=activity_id)
-        if self.settings.dependency and _has_field(req, "dependency"):
-            req.dependency = self.settings.dependency
+        _set_dependency(req, self.settings.dependency)
         try:
             r = self.client._call("RecordSuccess", req)
         except grpc.RpcError as err:

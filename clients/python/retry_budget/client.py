@@ -19,7 +19,7 @@ start of the error message (match on it, never on the explanation).
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union, cast
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -36,14 +36,14 @@ ErrorClassLike = Union[str, int]
 TimeLike = Union[None, _dt.datetime, float, int, "timestamp_pb2.Timestamp"]
 
 
-def error_class(value: ErrorClassLike) -> int:
+def error_class(value: ErrorClassLike) -> "pb2.ErrorClass":
     """'transient' | 'permanent' | 'unknown' (or the enum value) -> enum value."""
     if isinstance(value, int):
-        return value
+        return cast("pb2.ErrorClass", value)
     name = value.strip().upper()
     if not name.startswith("ERROR_CLASS_"):
         name = "ERROR_CLASS_" + name
-    return pb2.ErrorClass.Value(name)
+    return cast("pb2.ErrorClass", pb2.ErrorClass.Value(name))
 
 
 def to_timestamp(value: TimeLike) -> Optional["timestamp_pb2.Timestamp"]:
@@ -178,7 +178,8 @@ class RetryBudget:
         """ResolveActivity: 'fail' or 'retry' for an activity parked for review."""
         if isinstance(resolution, str):
             resolution = pb2.Resolution.Value("RESOLUTION_" + resolution.upper())
-        req = pb2.ResolveActivityRequest(activity_id=activity_id, resolution=resolution, note=note)
+        req = pb2.ResolveActivityRequest(activity_id=activity_id,
+                                         resolution=cast("pb2.Resolution", resolution), note=note)
         return self._call("ResolveActivity", req)
 
     def get_activity(self, activity_id: str):

@@ -93,15 +93,20 @@ export class Advisor {
   }
 
   fallback(err, activityId, attempt) {
-    if (UNREACHABLE.has(err.grpcStatus)) {
+    if (UNREACHABLE.has(err?.grpcStatus)) {
       if (!this.down) {
         this.down = true;
         this.log.warn(`retry-budget at ${this.settings.server} cannot be reached (${err.grpcStatus}: ` +
           `${err.details}): falling back to ${this.framework}'s own retry settings until it answers ` +
           `(activity=${activityId} dependency=${this.settings.dependency})`);
       }
-    } else if (err.grpcStatus === undefined) {
-      throw err; // not the service's: a bug in this module or the caller's settings
+    } else if (err?.grpcStatus === undefined) {
+      // Not the service's answer: a classifier that threw, a policy the
+      // client refuses. The workers go on with their own settings, loudly.
+      this.log.error(`retry-budget integration failed for activity=${activityId} attempt=${attempt}: ` +
+        `${err?.stack ?? err}: falling back to ${this.framework}'s own retry settings ` +
+        `(dependency=${this.settings.dependency})`);
+      return { kind: 'fallback', attempt, code: 'integration_error', reason: String(err), notBefore: null };
     } else {
       this.log.error(`retry-budget refused activity=${activityId} attempt=${attempt} (${err.grpcStatus}: ` +
         `${err.details}): falling back to ${this.framework}'s own retry settings ` +
@@ -144,6 +149,14 @@ export class Advisor {
 
   /** Before the framework's attempt `frameworkAttempt` runs: run, defer, stop or fallback. */
   async begin(activityId, frameworkAttempt) {
+    try {
+      return await this.gate(activityId, frameworkAttempt);
+    } catch (err) {
+      return { ...this.fallback(err, activityId, frameworkAttempt), attempt: frameworkAttempt };
+    }
+  }
+
+  async gate(activityId, frameworkAttempt) {
     if (frameworkAttempt <= 1) return { kind: 'run', attempt: 1, code: '', reason: '', notBefore: null };
     let act;
     try {
@@ -186,9 +199,10 @@ export class Advisor {
 
   /** After attempt `attempt` failed with `err`: the service's plan. */
   async failed(activityId, attempt, err, { workflowId = '', occurredAt = new Date(), frameworkAttempt = attempt } = {}) {
-    const classification = this.settings.classify(err);
     let plan;
+    let classification;
     try {
+      classification = this.settings.classify(err);
       try {
         plan = await this.ask(this.request(activityId, attempt, classification, occurredAt, workflowId));
       } catch (e) {

@@ -32,7 +32,7 @@ function memoryLogger() {
 }
 
 /** A Queue, a Worker and their Redis connections for one server. */
-async function rig(server, processorFn, fallback = { type: 'fixed', delay: 300 }) {
+async function rig(server, processorFn, { fallback = { type: 'fixed', delay: 300 }, wrap = true } = {}) {
   const name = `rb-test-${randomUUID().slice(0, 8)}`;
   // BullMQ leaves connections it was given open: each is closed in after().
   const connections = [0, 1, 2].map(() => new IORedis(REDIS_URL, { maxRetriesPerRequest: null }));
@@ -42,7 +42,7 @@ async function rig(server, processorFn, fallback = { type: 'fixed', delay: 300 }
   });
   const queue = new Queue(name, { connection: connections[0] });
   const events = new QueueEvents(name, { connection: connections[1] });
-  const worker = new Worker(name, budget.processor(processorFn), {
+  const worker = new Worker(name, wrap ? budget.processor(processorFn) : processorFn, {
     connection: connections[2],
     settings: { backoffStrategy: budget.backoffStrategy },
   });
@@ -111,6 +111,27 @@ test('two transient failures then success: three runs, each retry at the service
     assert.ok(start >= nb - EARLY_MS && start <= nb + LATE_MS, `run ${i + 2} at ${start}, not_before ${nb}`);
   });
   assert.ok(r.logger.lines.some((l) => l.includes(`activity=${r.name}:${job.id} attempt=1 dependency=smtp code=schedule_retry`)),
+    r.logger.lines.join('\n'));
+});
+
+test('the strategy alone, without processor(): it asks NextAction itself and BullMQ waits the planned delay', async () => {
+  const starts = {};
+  const r = await rig(servers.plain, flaky(starts), { wrap: false });
+  const job = await add(r, { key: 'alone', failures: 1 });
+  assert.equal(await job.waitUntilFinished(r.events, 30_000), 'ok after 2');
+  const act = await activity(servers.plain, r, job);
+  assert.deepEqual(act.events.map((e) => [e.kind, e.attempt, e.code]), [['decision', 1, 'schedule_retry']]);
+  const nb = act.events[0].not_before.getTime();
+  assert.ok(starts.alone[1] >= nb - EARLY_MS && starts.alone[1] <= nb + LATE_MS, `${starts.alone[1]} vs ${nb}`);
+});
+
+test('a classifier that throws is the integration\'s fault: BullMQ\'s own backoff, and the job completes', async () => {
+  const starts = {};
+  const r = await rig(servers.plain, flaky(starts));
+  r.budget.advisor.settings.classify = () => { throw new Error('classifier bug'); };
+  const job = await add(r, { key: 'bug', failures: 1 });
+  assert.equal(await job.waitUntilFinished(r.events, 30_000), 'ok after 2');
+  assert.ok(r.logger.lines.some((l) => l.includes('retry-budget integration failed') && l.includes('classifier bug')),
     r.logger.lines.join('\n'));
 });
 

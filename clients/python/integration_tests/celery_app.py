@@ -28,9 +28,13 @@ app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=Tru
 store = redis.Redis.from_url(BROKER)
 
 
-def _settings(env: str) -> Settings:
+def _settings(env: str, **kw) -> Settings:
     return Settings(os.environ.get(env, "127.0.0.1:1"), tenant=os.environ.get("RB_TENANT"),
-                    dependency="smtp", policy=POLICY, timeout=1.0)
+                    dependency="smtp", policy=POLICY, timeout=1.0, **kw)
+
+
+def _broken_classifier(exc: BaseException) -> str:
+    raise RuntimeError("classifier bug")
 
 
 def _run(key: str, failures: int, kind: str) -> str:
@@ -58,4 +62,10 @@ def flaky_tight(key: str, failures: int, kind: str = "transient") -> str:
 
 @app.task(name="flaky_doomed", retry_budget=_settings("RB_DOOMED"), **OWN)
 def flaky_doomed(key: str, failures: int, kind: str = "transient") -> str:
+    return _run(key, failures, kind)
+
+
+@app.task(name="flaky_misclassified", retry_budget=_settings("RB_PLAIN", classify=_broken_classifier),
+          **OWN)
+def flaky_misclassified(key: str, failures: int, kind: str = "transient") -> str:
     return _run(key, failures, kind)

@@ -137,3 +137,12 @@ def test_service_down_mid_run_falls_back_to_celerys_own_retries(servers, worker)
     assert "Celery's own retry settings" in text
     act = activity(srv, result, "flaky_doomed")
     assert [(e.attempt, e.code) for e in act.events][0] == (1, "schedule_retry")
+
+
+def test_a_classifier_that_raises_falls_back_and_loses_no_task(worker):
+    app, log_path = worker
+    key = fresh("celery-bug")
+    result = app.flaky_misclassified.apply_async((key, 1))
+    assert result.get(timeout=30) == "ok after 2"
+    text = log_path.read_text()
+    assert "retry-budget integration failed" in text and "classifier bug" in text, text[-3000:]

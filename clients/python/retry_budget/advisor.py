@@ -244,6 +244,30 @@ class Advisor:
         """Before the framework's attempt `framework_attempt` runs: "run"
         with the service's attempt number, "defer" (come back at
         not_before without running), "stop", or "fallback" (run)."""
+        try:
+            return self._begin(activity_id, framework_attempt)
+        except Exception as err:  # noqa: BLE001 - never stop a worker
+            return self._broken(err, activity_id, framework_attempt)
+
+    def failed(self, activity_id: str, attempt: int, exc: BaseException, *,
+               workflow_id: str = "", occurred_at: Any = None,
+               framework_attempt: Optional[int] = None) -> Plan:
+        """After attempt `attempt` failed with `exc`: the service's plan."""
+        try:
+            return self._failed(activity_id, attempt, exc, workflow_id, occurred_at,
+                                attempt if framework_attempt is None else framework_attempt)
+        except Exception as err:  # noqa: BLE001 - never stop a worker
+            return self._broken(err, activity_id, attempt)
+
+    def _broken(self, err: Exception, activity_id: str, attempt: int) -> Plan:
+        """A failure of the integration itself (a classifier that raised, a
+        policy the client refuses): the framework's own settings apply."""
+        log.exception("retry-budget integration failed for activity=%s attempt=%d: falling back "
+                      "to %s's own retry settings (dependency=%s)", activity_id, attempt,
+                      self.framework, self.settings.dependency)
+        return Plan("fallback", attempt, "integration_error", repr(err))
+
+    def _begin(self, activity_id: str, framework_attempt: int) -> Plan:
         if framework_attempt <= 1:
             return Plan("run", 1)
         try:
@@ -278,11 +302,8 @@ class Advisor:
             return Plan("run", plan.attempt + 1, plan.code, plan.reason, plan.not_before)
         return Plan("run", act.attempts + 1)
 
-    def failed(self, activity_id: str, attempt: int, exc: BaseException, *,
-               workflow_id: str = "", occurred_at: Any = None,
-               framework_attempt: Optional[int] = None) -> Plan:
-        """After attempt `attempt` failed with `exc`: the service's plan."""
-        seen = attempt if framework_attempt is None else framework_attempt
+    def _failed(self, activity_id: str, attempt: int, exc: BaseException, workflow_id: str,
+                occurred_at: Any, seen: int) -> Plan:
         classification = self.settings.classify(exc)
         if occurred_at is None:
             occurred_at = time.time()

@@ -139,12 +139,24 @@ export class Advisor {
     return { kind, attempt: req.attempt, code: r.code, reason: r.reason, notBefore: toMs(r.not_before) };
   }
 
-  async redeem(act, activityId) {
-    const pending = act.attempts + 1;
-    const deferral = [...act.events].reverse().find((e) => e.kind === 'decision' && e.attempt === pending);
-    const klass = deferral?.error_class ?? 'transient';
-    const occurred = deferral?.occurred_at ?? new Date();
-    return this.ask(this.request(activityId, pending, klass, occurred, act.workflow_id));
+  /**
+   * The deferral the activity waits on, if its last decision is one (a
+   * deferral consumes no attempt, so it is about attempts + 1); else null.
+   */
+  static pendingDeferral(act) {
+    const decisions = act.events.filter((e) => e.kind === 'decision');
+    const last = decisions.at(-1);
+    return last && last.attempt === act.attempts + 1 && last.code === 'deferred' ? last : null;
+  }
+
+  /** When the deferred attempt may be asked again: the booked slot, else the deferral's not_before. */
+  static slot(act, deferral) {
+    return (act.reservation_not_before ?? deferral.not_before).getTime();
+  }
+
+  /** Asks the deferred attempt again, with its class and time (a booked slot pays for it). */
+  async redeem(act, deferral, activityId) {
+    return this.ask(this.request(activityId, deferral.attempt, deferral.error_class, deferral.occurred_at, act.workflow_id));
   }
 
   /** Before the framework's attempt `frameworkAttempt` runs: run, defer, stop or fallback. */
@@ -179,14 +191,15 @@ export class Advisor {
       this.record(activityId, plan, frameworkAttempt);
       return plan;
     }
-    if (act.reservation_not_before) {
-      const slot = act.reservation_not_before.getTime();
+    const deferral = Advisor.pendingDeferral(act);
+    if (deferral) {
+      const slot = Advisor.slot(act, deferral);
       if (Date.now() < slot) {
-        return { kind: 'defer', attempt: act.attempts + 1, code: 'deferred', reason: 'the booked slot is ahead', notBefore: slot };
+        return { kind: 'defer', attempt: deferral.attempt, code: 'deferred', reason: 'the deferral\'s slot is ahead', notBefore: slot };
       }
       let plan;
       try {
-        plan = await this.redeem(act, activityId);
+        plan = await this.redeem(act, deferral, activityId);
       } catch (err) {
         return { ...this.fallback(err, activityId, frameworkAttempt), attempt: frameworkAttempt };
       }
@@ -210,8 +223,9 @@ export class Advisor {
         // The service's count is behind the framework's: report its next attempt.
         const act = await this.client.getActivity({ activity_id: activityId });
         attempt = act.attempts + 1;
-        if (act.reservation_not_before) {
-          const redeemed = await this.redeem(act, activityId);
+        const deferral = Advisor.pendingDeferral(act);
+        if (deferral) {
+          const redeemed = await this.redeem(act, deferral, activityId);
           if (redeemed.kind !== 'retry') {
             this.reached();
             this.record(activityId, redeemed, frameworkAttempt);

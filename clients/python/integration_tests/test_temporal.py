@@ -211,6 +211,35 @@ def test_a_deferral_becomes_a_retry_at_the_booked_slot(servers):
     assert act.closed_code == "succeeded"
 
 
+def test_a_deferral_with_no_slot_is_asked_again_before_the_activity_runs(servers):
+    tenant, wf = fresh("temporal"), fresh("wf")
+    drain(servers["tight"], tenant)
+    with RetryBudget(servers["tight"].target, tenant=tenant) as rb:
+        for _ in range(2):  # the tenant's slots are booked as far ahead as the bucket books
+            assert rb.report_failure(fresh("booked"), 1, "transient").slot_booked
+    dep = Dependency(1)
+
+    @activity.defn
+    @with_retry_budget(settings(servers["tight"], tenant))
+    async def pack() -> str:
+        return await dep.call()
+
+    result, failures = asyncio.run(run_like_temporal(pack, wf, "6"))
+    assert result == "ok" and len(dep.starts) == 2, failures
+    with RetryBudget(servers["tight"].target, tenant=tenant) as rb:
+        act = rb.get_activity(wf + ":6")
+    events = [(e.kind, e.attempt, e.code, e.slot_booked) for e in act.events]
+    # Temporal's attempt 2 came at the first deferral's not_before, asked
+    # again, was deferred to a booked slot and did not run; attempt 3 ran on
+    # the slot's token.
+    assert events == [("decision", 1, "deferred", False), ("decision", 1, "deferred", True),
+                      ("decision", 1, "schedule_retry", False), ("success", 2, "succeeded", False)]
+    assert [a for a, _, _ in failures] == [1, 2]
+    assert failures[1][1].application_failure_info.type == "RetryBudgetDeferred"
+    slot = to_unix(act.events[1].not_before)
+    assert act.events[2].token_taken and slot - EARLY <= dep.starts[1] <= slot + LATE
+
+
 def test_service_down_mid_run_falls_back_to_the_retry_policy(servers, caplog):
     caplog.set_level(logging.INFO, logger="retry_budget")
     srv = servers["doomed"]

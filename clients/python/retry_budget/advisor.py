@@ -229,15 +229,30 @@ class Advisor:
             kind = "stop"
         return Plan(kind, req.attempt, r.code, r.reason, not_before)
 
-    def _redeem(self, act, activity_id: str) -> Plan:
-        """Asks the deferred attempt of `act` again (its booked slot pays)."""
-        pending = act.attempts + 1
-        deferral = next((e for e in reversed(act.events)
-                         if e.kind == "decision" and e.attempt == pending), None)
-        klass = deferral.error_class if deferral is not None else pb2.ERROR_CLASS_TRANSIENT
-        occurred = deferral.occurred_at if deferral is not None else None
-        req = self._request(activity_id, pending, klass, occurred, act.workflow_id)
+    @staticmethod
+    def _pending_deferral(act) -> Any:
+        """The deferral the activity waits on, if its last decision is one:
+        a deferral consumes no attempt, so it is about attempts + 1."""
+        decisions = [e for e in act.events if e.kind == "decision"]
+        last = decisions[-1] if decisions else None
+        if last is not None and last.attempt == act.attempts + 1 and last.code == "deferred":
+            return last
+        return None
+
+    def _redeem(self, act, deferral, activity_id: str) -> Plan:
+        """Asks the deferred attempt again, with its class and time (a booked
+        slot pays for it)."""
+        req = self._request(activity_id, deferral.attempt, deferral.error_class,
+                            deferral.occurred_at, act.workflow_id)
         return self._ask(req)
+
+    @staticmethod
+    def _slot(act, deferral) -> float:
+        """When the deferred attempt may be asked again: the booked slot, or
+        the deferral's not_before when nothing could be booked."""
+        if act.HasField("reservation_not_before"):
+            return to_unix(act.reservation_not_before)
+        return to_unix(deferral.not_before)
 
     # -- the three questions ------------------------------------------------
     def begin(self, activity_id: str, framework_attempt: int) -> Plan:
@@ -287,12 +302,14 @@ class Advisor:
             plan = Plan("stop", act.attempts, act.closed_code, "the activity is closed")
             self._log(activity_id, plan, framework_attempt)
             return plan
-        if act.HasField("reservation_not_before"):
-            slot = to_unix(act.reservation_not_before)
+        deferral = self._pending_deferral(act)
+        if deferral is not None:
+            slot = self._slot(act, deferral)
             if time.time() < slot:
-                return Plan("defer", act.attempts + 1, "deferred", "the booked slot is ahead", slot)
+                return Plan("defer", deferral.attempt, "deferred", "the deferral's slot is ahead",
+                            slot)
             try:
-                plan = self._redeem(act, activity_id)
+                plan = self._redeem(act, deferral, activity_id)
             except grpc.RpcError as err:
                 return dataclasses.replace(self._fallback(err, activity_id, framework_attempt),
                                            attempt=framework_attempt)
@@ -318,8 +335,9 @@ class Advisor:
                 # or failures while it was down): report its next attempt.
                 act = self.client.get_activity(activity_id)
                 attempt = act.attempts + 1
-                if act.HasField("reservation_not_before"):
-                    redeemed = self._redeem(act, activity_id)
+                deferral = self._pending_deferral(act)
+                if deferral is not None:
+                    redeemed = self._redeem(act, deferral, activity_id)
                     if redeemed.kind != "retry":
                         self._reached()
                         self._log(activity_id, redeemed, seen)

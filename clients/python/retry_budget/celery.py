@@ -63,7 +63,6 @@ class RetryBudgetTask(celery.Task):
 
     Set `retry_budget` (a `retry_budget.Settings`) as a task option."""
 
-    abstract = True
     #: The service's settings; required.
     retry_budget: Optional[Settings] = None
 

@@ -7,7 +7,9 @@
 //
 // Where the protos are looked up, first match wins:
 //   1. the environment variable RETRY_BUDGET_PROTO_DIR;
-//   2. ../../proto relative to this file (its place in the repository).
+//   2. ../../proto relative to this file (its place in the repository);
+//   3. ./proto next to this file (where `npm pack` copies it, so an
+//      installed tarball carries its protos).
 //
 //     import { RetryBudgetClient } from './retry_budget_client.js';
 //     const rb = new RetryBudgetClient('127.0.0.1:50051', { tenant: 'acme' });
@@ -92,6 +94,7 @@ export function protoDir() {
   const candidates = [];
   if (process.env.RETRY_BUDGET_PROTO_DIR) candidates.push(process.env.RETRY_BUDGET_PROTO_DIR);
   candidates.push(path.join(HERE, '..', '..', 'proto'));
+  candidates.push(path.join(HERE, 'proto'));
   for (const dir of candidates) {
     if (existsSync(path.join(dir, PROTO_FILE))) return path.resolve(dir);
   }

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
-from retry_budget_client import RetryBudget, error_code, pb2, to_unix  # noqa: E402
+from retry_budget import RetryBudget, error_code, pb2, to_unix  # noqa: E402
 import worker_example  # noqa: E402
 
 # The article's printed outputs.

@@ -34,7 +34,7 @@ import uuid
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retry_budget_client import RetryBudget, error_code, pb2, to_unix  # noqa: E402
+from retry_budget import RetryBudget, error_code, pb2, to_unix  # noqa: E402
 
 
 class TransientError(Exception):

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs of retrybudget.v1 (see gen_stubs.py)."""

@@ -373,9 +373,9 @@ async fn tls_to_the_database_verifies_its_certificate() {
         .unwrap()
         .get(0);
     if ssl != "on" || std::fs::read(&cert).is_err() {
-        eprintln!(
-            "skipped: this PostgreSQL serves no TLS with a readable certificate ({ssl}, {cert})"
-        );
+        common::skip::skipped(&format!(
+            "this PostgreSQL serves no TLS with a readable certificate ({ssl}, {cert})"
+        ));
         return;
     }
     // The Debian certificate names `localhost`.

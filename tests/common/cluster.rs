@@ -97,7 +97,7 @@ impl Balancer {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("CI=true and haproxy is not installed");
             }
-            eprintln!("skipped: haproxy is not installed (apt-get install haproxy)");
+            crate::common::skip::skipped("haproxy is not installed (apt-get install haproxy)");
             return None;
         }
         let port = free_port();

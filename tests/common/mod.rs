@@ -7,6 +7,8 @@
 // have neither the database client nor the service binary. A test that
 // needs them declares them itself (`#[path = "common/postgres.rs"]`).
 
+pub mod skip;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

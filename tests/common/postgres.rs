@@ -69,7 +69,9 @@ fn unreachable(url: &str, why: &str) -> Option<TestDb> {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("CI=true and no PostgreSQL at {url}: {why}");
     }
-    eprintln!("skipped: no PostgreSQL at {url} ({why}); set RETRY_BUDGET_TEST_POSTGRES_URL");
+    crate::common::skip::skipped(&format!(
+        "no PostgreSQL at {url} ({why}); set RETRY_BUDGET_TEST_POSTGRES_URL"
+    ));
     None
 }
 

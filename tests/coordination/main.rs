@@ -21,6 +21,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 mod postgres;
+#[path = "../common/skip.rs"]
+mod skip;
 
 use postgres::{Proxy, Schema};
 

@@ -41,7 +41,9 @@ impl Schema {
                     std::env::var("CI").as_deref() != Ok("true"),
                     "PostgreSQL at {url} is unreachable under CI: {why}"
                 );
-                eprintln!("skipped: PostgreSQL at {url} is unreachable ({why}); set {URL_ENV}");
+                crate::skip::skipped(&format!(
+                    "PostgreSQL at {url} is unreachable ({why}); set {URL_ENV}"
+                ));
                 return None;
             }
         };

@@ -86,7 +86,7 @@ pub enum Command {
 /// `--print-config` shows every value in force, defaults included.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ServeArgs {
-    /// A TOML configuration file (see the README); flags override it.
+    /// A TOML configuration file (see docs/configuration.md); flags override it.
     #[arg(long, env = ENV_CONFIG)]
     pub config: Option<PathBuf>,
     /// Print the configuration in force as TOML and exit.
@@ -422,6 +422,47 @@ fn parse_weight(s: &str) -> Result<(String, u32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/configuration.md's flag table names every flag of `serve`, and
+    /// only those, each with its environment variable: the reference a
+    /// user reads is `--help`'s.
+    #[test]
+    fn the_configuration_doc_lists_every_serve_flag_with_its_environment_variable() {
+        use clap::CommandFactory;
+        let doc = include_str!("../docs/configuration.md");
+        let mut documented = std::collections::BTreeMap::new();
+        for row in doc.lines().filter(|l| l.starts_with("| `--")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let flag = cells[1]
+                .trim_matches('`')
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches('`')
+                .to_owned();
+            documented.insert(flag, cells[2].trim_matches('`').to_owned());
+        }
+        let command = Cli::command();
+        let serve = command
+            .find_subcommand("serve")
+            .expect("a serve subcommand");
+        let helped: std::collections::BTreeMap<String, String> = serve
+            .get_arguments()
+            .filter_map(|a| {
+                let long = a.get_long()?;
+                let env = a
+                    .get_env()
+                    .map(|e| e.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Some((format!("--{long}"), env))
+            })
+            .filter(|(flag, _)| flag != "--help")
+            .collect();
+        assert_eq!(
+            documented, helped,
+            "docs/configuration.md's flag table against `retry-budget serve --help`"
+        );
+    }
 
     fn parsed(args: &[&str]) -> Result<Config, ConfigError> {
         let mut argv = vec!["retry-budget"];

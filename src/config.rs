@@ -57,7 +57,7 @@
 //! listen = "127.0.0.1:9464" # Prometheus text on /metrics (default: off)
 //! top_tenants = 20         # the busiest tenants by name, the rest as "other"
 //!
-//! [limits]                 # what one request may carry (README: Errors and limits)
+//! [limits]                 # what one request may carry (docs/errors.md)
 //! max_message_bytes = 65536     # a larger request message: message_too_large
 //! max_timestamp_past = "1year"  # an older occurred_at: timestamp_implausible
 //! max_timestamp_future = "1h"   # so is a later one
@@ -448,13 +448,13 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_shows_the_defaults_and_a_valid_example() {
-        let readme = include_str!("../README.md");
+    fn the_configuration_doc_shows_the_defaults_and_a_valid_example() {
+        let readme = include_str!("../docs/configuration.md");
         let defaults = documented(readme, "```toml\n");
         assert_eq!(
             defaults,
             Config::default().to_toml().unwrap(),
-            "README's defaults block: paste `retry-budget --print-config`"
+            "docs/configuration.md's defaults block: paste `retry-budget --print-config`"
         );
         let rest = &readme[readme.find(&defaults).expect("found") + defaults.len()..];
         let config: Config = toml::from_str(&documented(rest, "```toml\n")).unwrap();

@@ -306,11 +306,11 @@ fn roomy_bucket() -> BucketConfig {
 
 fn bucket(c: &mut Criterion) {
     let mut group = c.benchmark_group("bucket");
-    // What the tower layer does for every NextAction that is not a retry:
-    // take a token for the tenant and give it back unused.
+    // What a retry's decision does through its gate: a token taken, on
+    // the shared, locked, clocked bucket.
     let shared = FairBucket::new(&roomy_bucket()).expect("a valid bucket configuration");
-    group.bench_function("acquire_unused", |b| {
-        b.iter(|| drop(shared.acquire(black_box("bench"))))
+    group.bench_function("gate_granted", |b| {
+        b.iter(|| shared.admit_within(black_box("bench"), Duration::MAX))
     });
     // The pure algorithm: a token spent for good, the clock advancing at
     // the refill rate so the bucket stays full.

@@ -37,22 +37,21 @@
 //! - `fair`: [`FairShares`], the algorithm, pure (time is a parameter).
 //! - `tenants`: the bounded table of tenants behind it.
 //! - `handle`: [`FairBucket`], the shared, locked, clocked bucket.
-//! - `permit`: [`PermitSlot`], what the layer hands the handler.
+//! - `gate`: [`Gate`], what the layer hands every request.
 //! - `layer` and `service`: [`RetryTokenLayer`] and [`RetryToken`].
 //! - `stats`: [`BucketStats`], counters for metrics.
 //!
-//! The handler's side, in short: take the request's [`PermitSlot`] from its
-//! extensions; when the decision is a retry, call [`PermitSlot::commit`]
-//! (or [`PermitSlot::commit_within`] with the time left before the
-//! activity's deadline); for anything else, do nothing, and the token goes
-//! back when the request is dropped.
+//! The handler's side, in short: take the request's [`Gate`] from its
+//! extensions and give the decision [`Gate::tenant`]; the decision asks it
+//! once, only for a retry, with the time left before the activity's
+//! deadline. Nothing is taken before, so nothing is given back.
 
 mod capacity;
 pub mod config;
 mod fair;
+mod gate;
 mod handle;
 mod layer;
-mod permit;
 mod service;
 mod stats;
 mod tenants;
@@ -60,10 +59,10 @@ mod tenants;
 pub use capacity::Capacity;
 pub use config::{BucketConfig, BucketConfigError, BucketMode};
 pub use fair::{Admission, FairShares, Grant};
+pub use gate::{Gate, TenantGate};
 pub use handle::FairBucket;
 pub use layer::RetryTokenLayer;
-pub use permit::{PermitSlot, SlotSpentError};
-pub use service::{DEFAULT_TENANT, NEXT_ACTION_PATH, RetryToken, TENANT_HEADER};
+pub use service::{DEFAULT_TENANT, RetryToken, TENANT_HEADER};
 pub use stats::{BucketStats, TenantStats};
 pub use tenants::OVERFLOW_TENANT;
 

@@ -100,7 +100,7 @@ impl<G: TokenGate> TokenGate for &mut Remembered<G> {
         if let Some(answer) = self.answer {
             return answer;
         }
-        let answer = match self.gate.take() {
+        let answer = match Option::take(&mut self.gate) {
             Some(gate) => gate.take(max_wait),
             None => crate::budget::token::Admission::Granted,
         };

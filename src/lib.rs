@@ -8,7 +8,7 @@
 //! - [`auth`]: who asks: the tenant each request acts for, proven by an
 //!   API key or the service mesh, or named by `x-tenant-id`.
 //! - [`bucket`]: the global retry-token bucket with fair per-tenant shares,
-//!   and the tower layer that hands a permit to each `NextAction` call.
+//!   and the tower layer that hands every call a gate its decision asks.
 //! - [`coord`]: one global retry budget across replicas, agreed through
 //!   the database once an interval.
 //! - [`ledger`]: durable activity budgets: one activity at a time, durable

@@ -24,8 +24,7 @@ use super::capacity::Capacity;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::config::{BucketConfig, BucketConfigError, BucketMode};
-use super::fair::{Admission, FairShares, Grant};
-use super::permit::PermitSlot;
+use super::fair::{Admission, FairShares};
 use super::stats::{BucketStats, Counters, TenantStats};
 
 /// The shared retry-token bucket. Clones share one bucket.
@@ -65,19 +64,6 @@ impl FairBucket {
     /// Time since the bucket was built, on tokio's clock.
     pub fn now(&self) -> Duration {
         self.shared.epoch.elapsed()
-    }
-
-    /// Takes a token for `tenant` now if its share allows, and wraps the
-    /// outcome in a [`PermitSlot`] for the handler. Never books a slot:
-    /// that waits until the handler knows the request is a retry.
-    pub fn acquire(&self, tenant: &str) -> PermitSlot {
-        let (grant, name) = self.lock().take_named(tenant, self.now());
-        if grant.is_some() {
-            self.shared.counters.taken();
-        }
-        // A tenant past the bound is not interned: its id is copied.
-        let name = name.unwrap_or_else(|| Arc::from(tenant));
-        PermitSlot::new(self.clone(), name, grant)
     }
 
     /// A token for `tenant` now, spent for good, or its next slot booked:
@@ -170,17 +156,6 @@ impl FairBucket {
             })
             .collect();
         stats
-    }
-
-    /// Returns a held token unused.
-    pub(super) fn release(&self, grant: Grant) {
-        self.lock().release(grant, self.now());
-        self.shared.counters.returned();
-    }
-
-    /// Counts a held token committed.
-    pub(super) fn committed(&self) {
-        self.shared.counters.committed();
     }
 
     /// The state. A panic while it was held cannot leave it half-changed

@@ -1,5 +1,5 @@
 //! [`RetryTokenLayer`]: wraps a service (the tonic server's routes) in
-//! [`RetryToken`], so every `NextAction` request carries a retry permit.
+//! [`RetryToken`], so every request carries a gate to the retry bucket.
 
 use tower::Layer;
 

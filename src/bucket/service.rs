@@ -1,53 +1,39 @@
-//! [`RetryToken`]: the middleware that gives each `NextAction` request a
-//! [`PermitSlot`], without decoding its body.
+//! [`RetryToken`]: the middleware that gives every request a [`Gate`] to
+//! the bucket, without reading it.
 //!
-//! # What it reads
-//! Only the request's path and its tenant, as the authentication layer
-//! (`crate::auth`) put it in the extensions: the decision
-//! whether the request is a retry needs the body and the stored activity,
-//! which are the handler's. So the layer takes a token *if the tenant's
-//! share has one free now* and lets the handler commit it or not; it never
-//! waits and never refuses a request (a deferral is an answer the handler
-//! gives, not an error of the transport). That is also why, unlike tower's
-//! rate limits, nothing is reserved in `poll_ready`: the tenant is known
-//! only in `call`.
-//!
-//! # Tenants
-//! The authentication layer decided who asks before this layer runs, and
-//! refused what it could not resolve; this layer charges that tenant.
-//! Without the authentication layer in front (a service driven in-process)
-//! the `x-tenant-id` header is read as the `none` mode reads it: absent is
-//! the [`DEFAULT_TENANT`], and a value that is not a valid tenant id (1 to
-//! 128 printable ASCII characters, so not empty) gets no permit at all: the
-//! handler rejects the request with `INVALID_ARGUMENT`, and the bucket
-//! never tracks an id made of garbage.
+//! # What it does not do
+//! It reads neither the path nor the tenant, and takes nothing: whether a
+//! request needs a token is decided by the handler, from the body and the
+//! stored activity, and only a retry asks the gate (once, for the tenant
+//! the authentication layer resolved). It never waits and never refuses a
+//! request: a deferral is an answer the handler gives, not an error of the
+//! transport. That is also why nothing is reserved in `poll_ready`.
 
 use std::task::{Context, Poll};
 
 use tower::Service;
 
+use super::gate::Gate;
 use super::handle::FairBucket;
-#[cfg(doc)]
-use super::permit::PermitSlot;
 
-/// The one method whose requests take retry tokens.
-pub const NEXT_ACTION_PATH: &str = "/retrybudget.v1.RetryBudget/NextAction";
 pub use crate::budget::tenant::{DEFAULT_TENANT, TENANT_HEADER};
 
-/// Inserts a [`PermitSlot`] into the extensions of every `NextAction`
-/// request with a tenant; passes everything else through untouched.
+/// Inserts a [`Gate`] to its bucket into the extensions of every request.
 #[derive(Debug, Clone)]
 pub struct RetryToken<S> {
     /// The wrapped service.
     inner: S,
-    /// Where tokens come from.
-    bucket: FairBucket,
+    /// The gate every request is given (a clone shares the bucket).
+    gate: Gate,
 }
 
 impl<S> RetryToken<S> {
-    /// Wraps `inner`, taking tokens from `bucket`.
+    /// Wraps `inner`, giving its requests a gate to `bucket`.
     pub fn new(inner: S, bucket: FairBucket) -> Self {
-        Self { inner, bucket }
+        Self {
+            inner,
+            gate: Gate::new(bucket),
+        }
     }
 
     /// The wrapped service.
@@ -74,16 +60,7 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let slot = if request.uri().path() == NEXT_ACTION_PATH {
-            crate::auth::tenant_of(request.extensions(), request.headers())
-                .ok()
-                .map(|tenant| self.bucket.acquire(tenant))
-        } else {
-            None
-        };
-        if let Some(slot) = slot {
-            request.extensions_mut().insert(slot);
-        }
+        request.extensions_mut().insert(self.gate.clone());
         self.inner.call(request)
     }
 }

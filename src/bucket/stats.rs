@@ -10,13 +10,9 @@ use super::{Admission, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL, TENANT_SH
 /// A snapshot of the bucket's counters, all since it was built.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct BucketStats {
-    /// Tokens the layer took and held for a request.
-    pub taken: u64,
-    /// Tokens spent for good: a held token committed, or a token granted
-    /// at commit time.
+    /// Tokens granted to retries at once (a booked slot is counted when
+    /// booked, under its deferral).
     pub granted: u64,
-    /// Held tokens returned unused (the request did not retry).
-    pub returned: u64,
     /// Success deposits made.
     pub deposits: u64,
     /// Deferrals that booked a slot: the tenant had used its share.
@@ -52,9 +48,7 @@ pub struct TenantStats {
 /// The live counters.
 #[derive(Debug, Default)]
 pub(super) struct Counters {
-    taken: AtomicU64,
     granted: AtomicU64,
-    returned: AtomicU64,
     deposits: AtomicU64,
     deferred_tenant_share: AtomicU64,
     deferred_global_capacity: AtomicU64,
@@ -64,21 +58,8 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    pub fn taken(&self) {
-        self.taken.fetch_add(1, Relaxed);
-    }
-
-    pub fn returned(&self) {
-        self.returned.fetch_add(1, Relaxed);
-    }
-
     pub fn deposit(&self) {
         self.deposits.fetch_add(1, Relaxed);
-    }
-
-    /// Counts a committed held token as granted.
-    pub fn committed(&self) {
-        self.granted.fetch_add(1, Relaxed);
     }
 
     /// Counts an admission under its outcome and reason.
@@ -103,9 +84,7 @@ impl Counters {
     /// The counters, into a snapshot whose other fields the caller fills.
     pub fn snapshot(&self) -> BucketStats {
         BucketStats {
-            taken: self.taken.load(Relaxed),
             granted: self.granted.load(Relaxed),
-            returned: self.returned.load(Relaxed),
             deposits: self.deposits.load(Relaxed),
             deferred_tenant_share: self.deferred_tenant_share.load(Relaxed),
             deferred_global_capacity: self.deferred_global_capacity.load(Relaxed),

@@ -51,7 +51,7 @@ pub(super) struct Tenant {
     /// Nanoseconds since the epoch of its next free slot. At or before
     /// `now`, the tenant is idle.
     pub next: i64,
-    /// Bumped when the entry is reused for another tenant, so a permit
+    /// Bumped when the entry is reused for another tenant, so a grant
     /// taken for the old one does not touch the new one.
     pub generation: u32,
     /// Nanoseconds since the epoch of the next turn in its queue of refused

@@ -72,6 +72,14 @@ pub trait TokenGate {
     fn take(self, max_wait: Duration) -> Admission;
 }
 
+/// No gate (no token layer in front of the service): every retry is
+/// granted.
+impl<G: TokenGate> TokenGate for Option<G> {
+    fn take(self, max_wait: Duration) -> Admission {
+        self.map_or(Admission::Granted, |gate| gate.take(max_wait))
+    }
+}
+
 /// A gate that always grants: for callers that enforce no global limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Unlimited;

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::convert::{self, client_time};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
-use crate::bucket::{FairBucket, PermitSlot};
+use crate::bucket::{FairBucket, Gate, TenantGate};
 use crate::budget::activity::{
     ActivityKey, BudgetError, Policy, Report, validate_activity_id, validate_workflow_id,
 };
@@ -50,8 +50,8 @@ pub struct RetryBudgetService<S> {
     ledger: Arc<Ledger<S>>,
     draining: Draining,
     /// The global retry-token bucket: successes deposit into it. Retries
-    /// take its tokens through the [`PermitSlot`] its tower layer puts in
-    /// each `NextAction` request.
+    /// take its tokens through the [`Gate`] its tower layer puts in every
+    /// request.
     bucket: Option<FairBucket>,
     /// The classification rules: the operator's overrides, then the
     /// defaults.
@@ -173,30 +173,26 @@ impl<S: Store> RetryBudgetService<S> {
         mut request: Request<pb::NextActionRequest>,
     ) -> Result<Answer<'_>, Status> {
         self.draining.check()?;
-        let slot = request.extensions_mut().remove::<PermitSlot>();
+        let gate = request.extensions_mut().remove::<Gate>();
         // Read only when decisions are logged: a worker's trace id finds
         // its decision in the log.
         let trace = tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG)
             .then(|| convert::trace_id(request.metadata()).map(str::to_owned));
-        // The token layer read and checked the tenant when it gave the
-        // request a slot; without one (no layer, or an invalid id) the
-        // handler reads it, and rejects an invalid one.
-        let tenant = match &slot {
-            Some(slot) => slot.tenant(),
-            None => convert::tenant(request.extensions(), request.metadata())?,
-        };
+        // Read once, as the authentication layer resolved it.
+        let tenant = convert::tenant(request.extensions(), request.metadata())?;
         // The pure form reads the message where it is; only the durable
         // one, which keeps it past this call, takes it out.
         let req = request.get_ref();
         if let Some(budget) = &req.budget {
-            let response = self.next_action_pure(tenant, slot.as_ref(), budget, req)?;
+            let gate = gate.as_ref().map(|g| g.tenant(tenant));
+            let response = self.next_action_pure(tenant, gate, budget, req)?;
             if let Some(trace) = trace {
                 log_decision(tenant, &req.activity_id, trace.as_deref(), &response);
             }
             return Ok(Box::pin(ready(Ok(Response::new(response)))));
         }
         let tenant = tenant.to_owned();
-        self.next_action_durable(tenant, slot, request.into_inner(), trace)
+        self.next_action_durable(tenant, gate, request.into_inner(), trace)
     }
 
     /// `NextAction` with a `budget`: decided by the core on the budget as
@@ -204,7 +200,7 @@ impl<S: Store> RetryBudgetService<S> {
     fn next_action_pure(
         &self,
         tenant: &str,
-        slot: Option<&PermitSlot>,
+        gate: Option<TenantGate<'_>>,
         budget: &pb::Budget,
         req: &pb::NextActionRequest,
     ) -> Result<pb::NextActionResponse, Status> {
@@ -229,7 +225,7 @@ impl<S: Store> RetryBudgetService<S> {
                 .policy
                 .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params()),
         };
-        let gate = (!req.dry_run).then_some(slot);
+        let gate = (!req.dry_run).then_some(gate);
         let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now)?;
         let response = convert::decision(event, false, req.dry_run);
         self.observe(&response);
@@ -248,7 +244,7 @@ impl<S: Store> RetryBudgetService<S> {
     fn next_action_durable(
         &self,
         tenant: String,
-        slot: Option<PermitSlot>,
+        gate: Option<Gate>,
         mut req: pb::NextActionRequest,
         trace: Option<Option<String>>,
     ) -> Result<Answer<'_>, Status> {
@@ -270,17 +266,18 @@ impl<S: Store> RetryBudgetService<S> {
             let rules = self.rules();
             let now = now_ms();
             let report = self.durable_report(&rules, &key, &req, now)?;
-            self.ledger
-                .try_report(&key, &report, slot.as_ref(), now, dry_run)
+            let gate = gate.as_ref().map(|g| g.tenant(&key.tenant));
+            self.ledger.try_report(&key, &report, gate, now, dry_run)
         };
         let Some(unsaved) = tried else {
             return Ok(Box::pin(async move {
                 let rules = self.rules();
                 let now = now_ms();
                 let report = self.durable_report(&rules, &key, &req, now)?;
+                let gate = gate.as_ref().map(|g| g.tenant(&key.tenant));
                 let decided = self
                     .ledger
-                    .report(&key, &report, slot.as_ref(), now, dry_run)
+                    .report(&key, &report, gate, now, dry_run)
                     .await?;
                 Ok(self.answer(decided, dry_run, log.as_deref()))
             }));

@@ -98,21 +98,9 @@ impl Collector for Scraped {
             )?;
             counter(
                 e,
-                "bucket_tokens_taken",
-                "Tokens taken for requests as they arrived",
-                stats.taken,
-            )?;
-            counter(
-                e,
                 "bucket_tokens_granted",
                 "Tokens spent on retries",
                 stats.granted,
-            )?;
-            counter(
-                e,
-                "bucket_tokens_returned",
-                "Tokens taken and given back unused",
-                stats.returned,
             )?;
             counter(e, "bucket_deposits", "Success deposits", stats.deposits)?;
             gauge(

@@ -1,0 +1,79 @@
+//! [`Gate`]: what the token layer hands every request: the way to the
+//! bucket, asked at most once, by the decision, at the moment it needs a
+//! token.
+//!
+//! Nothing is taken up front and nothing is given back: a replay, a stop,
+//! a dry run or a refused request never touches the bucket, and a retry
+//! takes its token (or books its slot) in one step, under one lock, as
+//! tower's `retry::budget` and linkerd's budgets withdraw at the moment a
+//! retry is decided.
+
+use std::time::Duration;
+
+use super::fair::Admission;
+use super::handle::FairBucket;
+use crate::budget::token::TokenGate;
+
+/// The bucket a request's decision asks, put in its extensions by the
+/// token layer. Cloning shares the bucket.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    bucket: FairBucket,
+}
+
+impl Gate {
+    /// A gate to `bucket`.
+    pub fn new(bucket: FairBucket) -> Self {
+        Self { bucket }
+    }
+
+    /// The gate a decision of `tenant` asks.
+    pub fn tenant<'a>(&'a self, tenant: &'a str) -> TenantGate<'a> {
+        TenantGate {
+            bucket: &self.bucket,
+            tenant,
+        }
+    }
+}
+
+/// A [`Gate`] for one tenant's decision: the core's [`TokenGate`].
+#[derive(Debug, Clone, Copy)]
+pub struct TenantGate<'a> {
+    bucket: &'a FairBucket,
+    tenant: &'a str,
+}
+
+impl TokenGate for TenantGate<'_> {
+    /// A token now, or the tenant's next slot booked if it comes within
+    /// `max_wait` ([`FairBucket::admit_within`]).
+    fn take(self, max_wait: Duration) -> Admission {
+        self.bucket.admit_within(self.tenant, max_wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::BucketConfig;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_takes_only_when_asked_and_then_once() {
+        let bucket = FairBucket::new(&BucketConfig {
+            rate: 10.0,
+            burst: 1,
+            ..BucketConfig::default()
+        })
+        .unwrap();
+        let gate = Gate::new(bucket.clone());
+        let _unused = gate.clone();
+        assert_eq!(bucket.stats().granted, 0, "nothing taken up front");
+        assert_eq!(gate.tenant("a").take(Duration::MAX), Admission::Granted);
+        let stats = bucket.stats();
+        assert_eq!((stats.granted, stats.level), (1, 0.0));
+        // The bucket is empty: the next retry is deferred to a booked slot.
+        assert!(matches!(
+            gate.tenant("a").take(Duration::MAX),
+            Admission::Deferred { .. }
+        ));
+    }
+}

@@ -10,19 +10,16 @@
 
 mod locks;
 
-use std::future::ready;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use futures_util::FutureExt;
-use futures_util::future::Either;
 
 use crate::budget::activity::{
     self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, Plan, Policy, Report,
     Resolution, Status,
 };
 use crate::store::{Replaced, Store, StoreError};
-use locks::{KeyGuard, KeyLocks};
+use locks::KeyLocks;
 
 /// A ledger operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -112,61 +109,6 @@ impl<G: TokenGate> TokenGate for &mut Remembered<G> {
 /// A new version of a record, and what it replaces in the store.
 type ToSave = (ActivityRecord, Option<Replaced>);
 
-/// A decision taken under its activity's lock, its record not yet handed
-/// to the store (see [`Ledger::save`]).
-pub struct Unsaved<'a> {
-    guard: KeyGuard<'a>,
-    decided: Decided,
-    save: Option<ToSave>,
-}
-
-/// A decision whose record the store is making durable. The activity's
-/// lock is held until it is dropped.
-#[must_use = "a decision is acknowledged only once durable"]
-pub struct Saving<'a, F> {
-    _guard: KeyGuard<'a>,
-    decided: Decided,
-    durable: Option<F>,
-}
-
-impl<F: Future<Output = Result<(), StoreError>>> Saving<'_, F> {
-    /// The decision at once when it saved nothing (a replay or a dry run),
-    /// else `self` back, to wait with [`Saving::durable`].
-    ///
-    /// # Errors
-    /// `self`, when there is a save to wait for.
-    pub fn now(self) -> Result<Decided, Self> {
-        if self.durable.is_some() {
-            return Err(self);
-        }
-        Ok(self.decided)
-    }
-
-    /// The decision once its record is durable; the lock is let go then.
-    ///
-    /// Not an `async fn`, which would hold `self` twice: the future is the
-    /// save's wait and what it hands back, and nothing else.
-    ///
-    /// # Errors
-    /// [`LedgerError::Store`] when the save failed (nothing acknowledged).
-    pub fn durable(self) -> impl Future<Output = Result<Decided, LedgerError>> {
-        let Saving {
-            _guard: guard,
-            decided,
-            durable,
-        } = self;
-        let wait = match durable {
-            Some(durable) => Either::Left(durable),
-            None => Either::Right(ready(Ok(()))),
-        };
-        wait.map(move |saved| {
-            drop(guard);
-            saved?;
-            Ok(decided)
-        })
-    }
-}
-
 /// Durable activity budgets over a store.
 pub struct Ledger<S> {
     store: S,
@@ -204,9 +146,14 @@ impl<S: Store> Ledger<S> {
     }
 
     /// Decides a failure report and makes the decision durable before
-    /// returning it. A replay returns the recorded decision and writes
-    /// nothing; `gate` is used only for a fresh retry. A `dry_run` decides
-    /// the same way but takes no token and writes nothing.
+    /// returning it: the one route of a durable `NextAction`. Under the
+    /// activity's lock: load, decide (the core's plan, the token asked at
+    /// most once through `gate`), save, and only then return. A replay
+    /// returns the recorded decision and writes nothing; a `dry_run` decides
+    /// the same way but takes no token and writes nothing. When another
+    /// replica changed the activity first, it decides again on what is
+    /// stored now ([`MAX_CONFLICTS`] times at most), with the token's first
+    /// answer.
     ///
     /// # Errors
     /// [`LedgerError::Budget`] when the report is refused,
@@ -222,72 +169,22 @@ impl<S: Store> Ledger<S> {
         let mut gate = Remembered::new(gate);
         let mut conflicts = 0;
         loop {
-            let guard = self.locks.lock(key).await;
+            let _guard = self.locks.lock(key).await;
             let previous = self.store.load(key).await?;
-            // Decided between the two awaits, in a plain function, so that
-            // this future holds across the save only the decision and the
-            // save's wait.
             let (decided, save) = self.decide(previous, key, report, &mut gate, now_ms, dry_run)?;
-            let unsaved = Unsaved {
-                guard,
-                decided,
-                save,
+            let Some((record, replaces)) = save else {
+                return Ok(decided);
             };
-            match self.save(unsaved).durable().await {
-                Err(e) if lost_race(&e) && conflicts < MAX_CONFLICTS => conflicts += 1,
-                decided => return decided,
+            match self.store.save(record, replaces).await {
+                Ok(()) => return Ok(decided),
+                Err(e) => {
+                    let e = LedgerError::from(e);
+                    if !(lost_race(&e) && conflicts < MAX_CONFLICTS) {
+                        return Err(e);
+                    }
+                    conflicts += 1;
+                }
             }
-        }
-    }
-
-    /// [`Ledger::report`]'s decision taken in this call, when the activity's
-    /// lock is free and the store reads without waiting (see
-    /// [`Store::load_now`]); `None`, with `gate` unused, when either would
-    /// wait. The decision is then saved with [`Ledger::save`], and is
-    /// acknowledged only once durable, as with `report`.
-    ///
-    /// This is how a decision usually runs: whole in the call that brought
-    /// its request, so that what stays alive while it waits for its fsync is
-    /// the lock's guard, the answer and the save's wait, not the request.
-    ///
-    /// # Errors
-    /// As [`Ledger::report`], except a store failure of the save, which its
-    /// wait returns.
-    pub fn try_report(
-        &self,
-        key: &ActivityKey,
-        report: &Report<'_>,
-        gate: impl TokenGate,
-        now_ms: i64,
-        dry_run: bool,
-    ) -> Option<Result<Unsaved<'_>, LedgerError>> {
-        let guard = self.locks.try_lock(key)?;
-        let previous = match self.store.load_now(key)? {
-            Ok(previous) => previous,
-            Err(e) => return Some(Err(e.into())),
-        };
-        let decided = self.decide(previous, key, report, gate, now_ms, dry_run);
-        Some(decided.map(|(decided, save)| Unsaved {
-            guard,
-            decided,
-            save,
-        }))
-    }
-
-    /// Hands a decision's record, if it has one, to the store.
-    pub fn save<'a>(
-        &'a self,
-        unsaved: Unsaved<'a>,
-    ) -> Saving<'a, impl Future<Output = Result<(), StoreError>> + Send + use<'a, S>> {
-        let Unsaved {
-            guard,
-            decided,
-            save,
-        } = unsaved;
-        Saving {
-            _guard: guard,
-            decided,
-            durable: save.map(|(record, replaces)| self.store.save(record, replaces)),
         }
     }
 
@@ -448,8 +345,6 @@ impl<S: Store> Ledger<S> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::budget::ErrorClass;
     use crate::store::{RedbStore, RedbStoreOptions};
@@ -492,98 +387,51 @@ pub(crate) mod tests {
         }
     }
 
-    /// A decision taken in the call holds the activity's lock until it is
-    /// durable: a second report of the activity cannot be decided in its
-    /// call, waits, and then sees the first one's record.
+    /// The activity's lock is held until the decision is durable: a second
+    /// report of the activity waits, and then sees the first one's record.
     #[tokio::test]
-    async fn a_decision_taken_now_holds_its_lock_until_durable() {
+    async fn a_second_report_of_an_activity_decides_on_the_firsts_record() {
         let (_dir, ledger) = ledger();
         let a = key("a");
-        let unsaved = ledger
-            .try_report(&a, &failure(1), Unlimited, NOW, false)
-            .expect("a free lock and a store that reads at once")
-            .unwrap();
-        let Err(saving) = ledger.save(unsaved).now() else {
-            panic!("a fresh decision has a save to wait for");
-        };
-        assert!(
-            ledger
-                .try_report(&a, &failure(2), Unlimited, NOW, false)
-                .is_none(),
-            "a second decision while the first is not durable"
+        let (one, two) = (failure(1), failure(2));
+        let (first, second) = tokio::join!(
+            ledger.report(&a, &one, Unlimited, NOW, false),
+            ledger.report(&a, &two, Unlimited, NOW, false),
         );
-        let second = {
-            let ledger = Arc::clone(&ledger);
-            tokio::spawn(async move {
-                ledger
-                    .report(&key("a"), &failure(2), Unlimited, NOW, false)
-                    .await
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!second.is_finished(), "the second report did not wait");
-        let first = saving.durable().await.unwrap();
-        assert_eq!((first.event.attempt, first.replayed), (1, false));
-        let second = second.await.unwrap().unwrap();
-        assert_eq!((second.event.attempt, second.replayed), (2, false));
+        assert_eq!(first.unwrap().event.attempt, 1);
+        assert_eq!(second.unwrap().event.attempt, 2);
         let record = ledger.get(&a).await.unwrap();
-        assert_eq!(record.attempts, 2);
-        assert_eq!(record.events.len(), 2);
+        assert_eq!((record.attempts, record.events.len()), (2, 2));
     }
 
-    /// A replay and a dry run save nothing: their decision is final in the
-    /// call, and nothing changes.
+    /// A replay and a dry run save nothing, and a refused report changes
+    /// nothing.
     #[tokio::test]
-    async fn a_replay_and_a_dry_run_are_answered_in_the_call() {
+    async fn a_replay_a_dry_run_and_a_refusal_write_nothing() {
         let (_dir, ledger) = ledger();
         let a = key("a");
         let fresh = ledger
             .report(&a, &failure(1), Unlimited, NOW, false)
             .await
             .unwrap();
-        for (attempt, dry_run) in [(1, false), (2, true)] {
-            let unsaved = ledger
-                .try_report(&a, &failure(attempt), Unlimited, NOW, dry_run)
-                .unwrap()
-                .unwrap();
-            let Ok(decided) = ledger.save(unsaved).now() else {
-                panic!("a replay or a dry run has nothing to save");
-            };
-            assert_eq!(decided.replayed, !dry_run);
-        }
-        let record = ledger.get(&a).await.unwrap();
-        assert_eq!(record.attempts, 1);
-        assert_eq!(record.events.len(), 1);
-        assert_eq!(record.events[0], fresh.event);
-        // The lock was let go with each answer.
-        assert!(
-            ledger
-                .try_report(&a, &failure(2), Unlimited, NOW, true)
-                .is_some()
-        );
-    }
-
-    /// A refused report takes no lock it keeps and writes nothing.
-    #[tokio::test]
-    async fn a_refused_report_now_changes_nothing() {
-        let (_dir, ledger) = ledger();
-        let a = key("a");
-        ledger
+        let replay = ledger
             .report(&a, &failure(1), Unlimited, NOW, false)
             .await
             .unwrap();
-        let refused = ledger
-            .try_report(&a, &failure(3), Unlimited, NOW, false)
+        assert!(replay.replayed);
+        let dry = ledger
+            .report(&a, &failure(2), Unlimited, NOW, true)
+            .await
             .unwrap();
+        assert!(!dry.replayed);
+        let refused = ledger.report(&a, &failure(3), Unlimited, NOW, false).await;
         assert!(
             matches!(refused, Err(LedgerError::Budget(_))),
             "attempt 3 after 1"
         );
-        assert!(
-            ledger
-                .try_report(&a, &failure(2), Unlimited, NOW, true)
-                .is_some()
-        );
-        assert_eq!(ledger.get(&a).await.unwrap().attempts, 1);
+        let record = ledger.get(&a).await.unwrap();
+        assert_eq!(record.attempts, 1);
+        assert_eq!(record.events.len(), 1);
+        assert_eq!(record.events[0], fresh.event);
     }
 }

@@ -147,18 +147,6 @@ pub trait Store: Send + Sync + 'static {
         key: &ActivityKey,
     ) -> impl Future<Output = Result<Option<ActivityRecord>, StoreError>> + Send;
 
-    /// The record of `key` read at once, when this store reads without
-    /// waiting (an embedded store's read from memory or its own file), the
-    /// same answer [`Store::load`] would give. `None`, the default, means
-    /// that it cannot: the caller awaits `load` instead.
-    ///
-    /// A decision on an activity whose lock is free then runs whole in the
-    /// call that brought its request, and only the wait for its save stays
-    /// alive (see `Ledger::try_report`).
-    fn load_now(&self, _key: &ActivityKey) -> Option<Result<Option<ActivityRecord>, StoreError>> {
-        None
-    }
-
     /// Writes `record` in place of the version the caller loaded (described
     /// by `replaces`, `None` for a new activity), and returns once it is
     /// durable.

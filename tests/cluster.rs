@@ -560,14 +560,20 @@ async fn one_global_budget_shared_fairly_across_replicas() {
         .unwrap();
     tokio::spawn(connection);
     // The survivors see demand meanwhile.
+    // Demand above the rate meanwhile, so that the split gives the rate
+    // whole to the survivors (below it, a part of what nobody asks for
+    // stays unclaimed by design).
     let keep_asking = Instant::now() + 10 * interval;
-    let load = tokio::spawn(demand(
-        cluster.client().await,
-        "spread",
-        99,
-        Arc::default(),
-        keep_asking,
-    ));
+    let mut load = Vec::new();
+    for w in 0..32 {
+        load.push(tokio::spawn(demand(
+            cluster.client().await,
+            "spread",
+            100 + w,
+            Arc::default(),
+            keep_asking,
+        )));
+    }
     loop {
         let rows = client
             .query(
@@ -593,5 +599,7 @@ async fn one_global_budget_shared_fairly_across_replicas() {
         took.as_secs_f64() / interval.as_secs_f64()
     );
     assert!(took <= 5 * interval, "{took:?}");
-    load.abort();
+    for worker in load {
+        worker.abort();
+    }
 }

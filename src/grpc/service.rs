@@ -1,13 +1,10 @@
 //! The `RetryBudget` service: validate, call the core or the ledger, convert
 //! back. No decision logic lives here.
 
-use std::future::ready;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
-use futures_util::FutureExt;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, client_time};
@@ -22,7 +19,7 @@ use crate::budget::decision::{Failure, PureReport, decide_pure};
 use crate::budget::timestamp::TimeBounds;
 use crate::budget::{Budget, DelayParams, ErrorClass, retry_delay};
 use crate::clock::now_ms;
-use crate::ledger::{Decided, Ledger, SuccessOutcome};
+use crate::ledger::{Ledger, SuccessOutcome};
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -102,22 +99,6 @@ impl<S> RetryBudgetService<S> {
             metrics.decision(&convert::decision_labels(response));
         }
     }
-
-    /// The response to a decision of the ledger, counted, and logged when
-    /// decisions are (`log`).
-    fn answer(
-        &self,
-        decided: Decided,
-        dry_run: bool,
-        log: Option<&DecisionLog>,
-    ) -> Response<pb::NextActionResponse> {
-        let response = convert::durable_decision(decided, dry_run);
-        self.observe(&response);
-        if let Some(log) = log {
-            log_decision(&log.tenant, &log.activity, log.trace.as_deref(), &response);
-        }
-        Response::new(response)
-    }
 }
 
 fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, BudgetError> {
@@ -167,34 +148,6 @@ impl<S: Store> RetryBudgetService<S> {
         self.rules.load_full()
     }
 
-    /// `NextAction`: the pure form answered, or the durable form's wait.
-    fn next_action_now(
-        &self,
-        mut request: Request<pb::NextActionRequest>,
-    ) -> Result<Answer<'_>, Status> {
-        self.draining.check()?;
-        let gate = request.extensions_mut().remove::<Gate>();
-        // Read only when decisions are logged: a worker's trace id finds
-        // its decision in the log.
-        let trace = tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG)
-            .then(|| convert::trace_id(request.metadata()).map(str::to_owned));
-        // Read once, as the authentication layer resolved it.
-        let tenant = convert::tenant(request.extensions(), request.metadata())?;
-        // The pure form reads the message where it is; only the durable
-        // one, which keeps it past this call, takes it out.
-        let req = request.get_ref();
-        if let Some(budget) = &req.budget {
-            let gate = gate.as_ref().map(|g| g.tenant(tenant));
-            let response = self.next_action_pure(tenant, gate, budget, req)?;
-            if let Some(trace) = trace {
-                log_decision(tenant, &req.activity_id, trace.as_deref(), &response);
-            }
-            return Ok(Box::pin(ready(Ok(Response::new(response)))));
-        }
-        let tenant = tenant.to_owned();
-        self.next_action_durable(tenant, gate, request.into_inner(), trace)
-    }
-
     /// `NextAction` with a `budget`: decided by the core on the budget as
     /// given, nothing stored.
     fn next_action_pure(
@@ -233,67 +186,27 @@ impl<S: Store> RetryBudgetService<S> {
     }
 
     /// `NextAction` without a budget: decided on the activity's recorded
-    /// budget, answered once the decision is durable.
-    ///
-    /// Decided in this call when the activity's lock is free and the store
-    /// reads at once (nearly always): the future returned then holds only
-    /// the lock's guard, the decision and the save's wait, so that the
-    /// requests of a group waiting for its fsync keep little memory alive.
-    /// Otherwise the whole request goes into the future, which waits for
-    /// the lock or the read, and decides then.
-    fn next_action_durable(
+    /// budget by the ledger, answered once the decision is durable.
+    async fn next_action_durable(
         &self,
-        tenant: String,
-        gate: Option<Gate>,
-        mut req: pb::NextActionRequest,
-        trace: Option<Option<String>>,
-    ) -> Result<Answer<'_>, Status> {
-        let dry_run = req.dry_run;
+        tenant: &str,
+        gate: Option<TenantGate<'_>>,
+        req: &pb::NextActionRequest,
+    ) -> Result<pb::NextActionResponse, Status> {
         let key = ActivityKey {
-            tenant,
-            activity_id: std::mem::take(&mut req.activity_id),
+            tenant: tenant.to_owned(),
+            activity_id: req.activity_id.clone(),
         };
-        // Boxed, and only when decisions are logged: the future that waits
-        // for the fsync stays as small as without logging.
-        let log = trace.map(|trace| {
-            Box::new(DecisionLog {
-                tenant: key.tenant.clone(),
-                activity: key.activity_id.clone(),
-                trace,
-            })
-        });
-        let tried = {
-            let rules = self.rules();
-            let now = now_ms();
-            let report = self.durable_report(&rules, &key, &req, now)?;
-            let gate = gate.as_ref().map(|g| g.tenant(&key.tenant));
-            self.ledger.try_report(&key, &report, gate, now, dry_run)
-        };
-        let Some(unsaved) = tried else {
-            return Ok(Box::pin(async move {
-                let rules = self.rules();
-                let now = now_ms();
-                let report = self.durable_report(&rules, &key, &req, now)?;
-                let gate = gate.as_ref().map(|g| g.tenant(&key.tenant));
-                let decided = self
-                    .ledger
-                    .report(&key, &report, gate, now, dry_run)
-                    .await?;
-                Ok(self.answer(decided, dry_run, log.as_deref()))
-            }));
-        };
-        match self.ledger.save(unsaved?).now() {
-            Ok(decided) => Ok(Box::pin(ready(Ok(self.answer(
-                decided,
-                dry_run,
-                log.as_deref(),
-            ))))),
-            Err(saving) => {
-                Ok(Box::pin(saving.durable().map(move |decided| {
-                    Ok(self.answer(decided?, dry_run, log.as_deref()))
-                })))
-            }
-        }
+        let rules = self.rules();
+        let now = now_ms();
+        let report = self.durable_report(&rules, &key, req, now)?;
+        let decided = self
+            .ledger
+            .report(&key, &report, gate, now, req.dry_run)
+            .await?;
+        let response = convert::durable_decision(decided, req.dry_run);
+        self.observe(&response);
+        Ok(response)
     }
 
     /// The report of a durable `NextAction` on `key`, once the request is
@@ -326,14 +239,6 @@ impl<S: Store> RetryBudgetService<S> {
 /// with `RUST_LOG=info,retry_budget::decision=debug`.
 pub const DECISION_LOG: &str = "retry_budget::decision";
 
-/// Who and what a logged decision is about.
-struct DecisionLog {
-    tenant: String,
-    activity: String,
-    /// The worker's trace id, when its request carried a `traceparent`.
-    trace: Option<String>,
-}
-
 /// One line per `NextAction` answer, when [`DECISION_LOG`] is on: who,
 /// which activity and attempt, what was decided, and the trace id of the
 /// worker's `traceparent`, so a decision can be found from a trace.
@@ -360,9 +265,6 @@ fn log_decision(
 
 /// What `NextAction` returns: a future boxed once, by us rather than by
 /// `async_trait` (see `next_action`).
-type Answer<'a> =
-    Pin<Box<dyn Future<Output = Result<Response<pb::NextActionResponse>, Status>> + Send + 'a>>;
-
 #[tonic::async_trait]
 impl<S: Store> RetryBudget for RetryBudgetService<S> {
     async fn retry_delay(
@@ -388,22 +290,29 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         }))
     }
 
-    /// Not an `async fn`: `async_trait` would box a future holding the
-    /// request (twice) for every call. Here the pure form is answered in the
-    /// call, and a durable one returns the one future it needs to wait for
-    /// its fsync (see `next_action_durable`). tonic polls what this returns
-    /// at once, in the same task, so nothing runs earlier than it would in
-    /// an `async fn`.
-    fn next_action<'life0, 'async_trait>(
-        &'life0 self,
-        request: Request<pb::NextActionRequest>,
-    ) -> Answer<'async_trait>
-    where
-        'life0: 'async_trait,
-        Self: 'async_trait,
-    {
-        self.next_action_now(request)
-            .unwrap_or_else(|status| Box::pin(ready(Err(status))))
+    /// The pure form decided by the core, the durable one by the ledger;
+    /// the tenant read once, the gate asked by the decision only.
+    async fn next_action(
+        &self,
+        mut request: Request<pb::NextActionRequest>,
+    ) -> Result<Response<pb::NextActionResponse>, Status> {
+        self.draining.check()?;
+        let gate = request.extensions_mut().remove::<Gate>();
+        // Read once, as the authentication layer resolved it.
+        let tenant = convert::tenant(request.extensions(), request.metadata())?;
+        let gate = gate.as_ref().map(|g| g.tenant(tenant));
+        let req = request.get_ref();
+        let response = match &req.budget {
+            Some(budget) => self.next_action_pure(tenant, gate, budget, req)?,
+            None => self.next_action_durable(tenant, gate, req).await?,
+        };
+        // Only when decisions are logged: a worker's trace id finds its
+        // decision in the log.
+        if tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG) {
+            let trace = convert::trace_id(request.metadata());
+            log_decision(tenant, &req.activity_id, trace, &response);
+        }
+        Ok(Response::new(response))
     }
 
     async fn record_success(
@@ -473,11 +382,10 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
 mod tests {
     use super::*;
 
-    /// Every `NextAction` allocates the future it returns. A pure one's
-    /// holds only its answer, and a durable one's, once decided, only what
-    /// waits for the fsync: not the request, and not a second box.
+    /// Driven in-process, without the token layer: no gate, so every
+    /// retry is granted; the durable form decides, saves and then replays.
     #[tokio::test]
-    async fn a_next_action_future_holds_its_answer_or_its_wait_and_not_the_request() {
+    async fn without_the_token_layer_every_retry_is_granted_and_a_decision_replays() {
         let (_dir, ledger) = crate::ledger::tests::ledger();
         let rules = Arc::new(ArcSwap::from_pointee(RuleSet::new(Vec::new()).unwrap()));
         let service = RetryBudgetService::new(ledger, Draining::default(), None, rules);
@@ -494,37 +402,35 @@ mod tests {
                 .insert("x-tenant-id", "t".parse().unwrap());
             request
         };
-        let answer = std::mem::size_of::<
-            std::future::Ready<Result<Response<pb::NextActionResponse>, Status>>,
-        >();
-        let pure = service.next_action(request(Some(pb::Budget {
-            attempts: 1,
-            max_attempts: 3,
-            elapsed: 0,
-            deadline: 3600,
-        })));
-        assert_eq!(std::mem::size_of_val(&*pure), answer, "pure");
-        let response = pure.await.unwrap().into_inner();
-        assert_eq!(response.code, "schedule_retry");
-        let durable = service.next_action(request(None));
-        let size = std::mem::size_of_val(&*durable);
-        let request_size = std::mem::size_of::<Request<pb::NextActionRequest>>();
-        // 136 bytes in this build, where a request is 368: async_trait's box
-        // held the request twice (760 bytes) and the durable path's own box
-        // the request and the save (1,640).
-        assert!(
-            size < request_size / 2,
-            "durable: {size} bytes, a request {request_size}"
-        );
-        let response = durable.await.unwrap().into_inner();
+        let pure = service
+            .next_action(request(Some(pb::Budget {
+                attempts: 1,
+                max_attempts: 3,
+                elapsed: 0,
+                deadline: 3600,
+            })))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(
-            (response.code.as_str(), response.replayed),
-            ("schedule_retry", false)
+            (pure.code.as_str(), pure.token_taken),
+            ("schedule_retry", true)
         );
-        // Decided and saved: the same attempt again is a replay, answered in
-        // the call.
-        let replay = service.next_action(request(None));
-        assert_eq!(std::mem::size_of_val(&*replay), answer, "replay");
-        assert!(replay.await.unwrap().into_inner().replayed);
+        let durable = service
+            .next_action(request(None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (durable.code.as_str(), durable.replayed, durable.token_taken),
+            ("schedule_retry", false, true)
+        );
+        let replay = service
+            .next_action(request(None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(replay.replayed);
+        assert_eq!(replay.not_before, durable.not_before);
     }
 }

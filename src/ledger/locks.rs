@@ -69,19 +69,6 @@ impl KeyLocks {
         }
     }
 
-    /// The lock of `key` if no one holds or waits for it, without waiting.
-    pub(crate) fn try_lock(&self, key: &ActivityKey) -> Option<KeyGuard<'_>> {
-        let (hash, lock) = self.slot(key);
-        // On failure the slot stays: whoever holds the lock holds a clone
-        // of it too, and removes it when the last one lets go.
-        let guard = lock.try_lock_owned().ok()?;
-        Some(KeyGuard {
-            locks: self,
-            hash,
-            guard: Some(guard),
-        })
-    }
-
     /// The hash of `key` and its lock, created if the table has none.
     fn slot(&self, key: &ActivityKey) -> (u64, Arc<AsyncMutex<()>>) {
         let hash = self.hasher.hash_one(key);
@@ -185,30 +172,6 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(held);
         waiter.await.unwrap();
-        assert_eq!(locks.len(), 0);
-    }
-
-    #[tokio::test]
-    async fn try_lock_takes_a_free_lock_and_never_a_held_or_awaited_one() {
-        let locks = Arc::new(KeyLocks::new());
-        let a = key("a");
-        let held = locks.try_lock(&a).expect("a free lock");
-        assert!(locks.try_lock(&a).is_none(), "a held lock was taken twice");
-        assert!(locks.try_lock(&key("b")).is_some(), "another key is free");
-        assert_eq!(locks.len(), 1, "a failed try leaves only the holder's slot");
-        let waiter = {
-            let locks = Arc::clone(&locks);
-            tokio::spawn(async move {
-                let _g = locks.lock(&key("a")).await;
-                tokio::task::yield_now().await;
-            })
-        };
-        tokio::task::yield_now().await;
-        drop(held);
-        // The lock passed to the waiter: a try cannot jump the queue.
-        assert!(locks.try_lock(&a).is_none(), "a try overtook a waiter");
-        waiter.await.unwrap();
-        assert!(locks.try_lock(&a).is_some());
         assert_eq!(locks.len(), 0);
     }
 

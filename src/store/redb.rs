@@ -426,10 +426,6 @@ impl Store for RedbStore {
         self.read(key)
     }
 
-    fn load_now(&self, key: &ActivityKey) -> Option<Result<Option<ActivityRecord>, StoreError>> {
-        Some(self.read(key))
-    }
-
     /// Encodes the record and hands it to the journal writer in the call;
     /// the future only waits for the writer's answer.
     fn save(

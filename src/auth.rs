@@ -1,8 +1,8 @@
 //! Who asks: one tower layer decides, once per request, which tenant a
 //! request acts for, and puts the answer in the request's extensions as a
-//! [`Tenant`]. The token layer (which charges the tenant's share of the
-//! bucket) and the gRPC edge (which keys the tenant's activities) read it
-//! there with [`tenant_of`]; nothing else reads `x-tenant-id`.
+//! [`Tenant`]. The gRPC edge reads it there once a call, with
+//! [`tenant_of`], to key the tenant's activities and to charge its share of
+//! the retry bucket; nothing else reads `x-tenant-id`.
 //!
 //! In `none` mode the answer is usually the request's own `x-tenant-id`
 //! (or, without one, the built-in default), which the layer has checked:

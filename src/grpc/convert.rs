@@ -16,7 +16,8 @@ use crate::budget::{Action, ErrorClass};
 use crate::ledger::Decided;
 
 /// The tenant the request acts for, as the authentication layer resolved
-/// it (see `crate::auth::tenant_of`), the same the token layer charged.
+/// it (see `crate::auth::tenant_of`): read once a call, and what the
+/// decision's token gate charges.
 pub(super) fn tenant<'a>(
     extensions: &'a http::Extensions,
     metadata: &'a MetadataMap,

@@ -12,16 +12,8 @@
 # database of its own.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${1:-target/debug/retry-budget}
-case "$BIN" in
-  /*) ;;
-  *) BIN="$PWD/$BIN" ;;
-esac
-if [[ ! -x "$BIN" ]]; then
-  echo "integrations_check: binary not found or not executable: $BIN (run cargo build)" >&2
-  exit 2
-fi
+# shellcheck source=.ci/binary.sh
+. "$(dirname "${BASH_SOURCE[0]}")/binary.sh" integrations_check "${1:-}"
 export RETRY_BUDGET_BIN="$BIN"
 PY=${PYTHON:-python3}
 

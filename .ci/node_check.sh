@@ -5,16 +5,8 @@
 #   .ci/node_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${1:-target/debug/retry-budget}
-case "$BIN" in
-  /*) ;;
-  *) BIN="$PWD/$BIN" ;;
-esac
-if [[ ! -x "$BIN" ]]; then
-  echo "node_check: binary not found or not executable: $BIN (run cargo build)" >&2
-  exit 2
-fi
+# shellcheck source=.ci/binary.sh
+. "$(dirname "${BASH_SOURCE[0]}")/binary.sh" node_check "${1:-}"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "node_check: node and npm are required (Node.js 20 or later)" >&2
   exit 2

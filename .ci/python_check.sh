@@ -5,16 +5,8 @@
 #   .ci/python_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${1:-target/debug/retry-budget}
-case "$BIN" in
-  /*) ;;
-  *) BIN="$PWD/$BIN" ;;
-esac
-if [[ ! -x "$BIN" ]]; then
-  echo "python_check: binary not found or not executable: $BIN (run cargo build)" >&2
-  exit 2
-fi
+# shellcheck source=.ci/binary.sh
+. "$(dirname "${BASH_SOURCE[0]}")/binary.sh" python_check "${1:-}"
 
 PY=${PYTHON:-python3}
 PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check -r "$ROOT/clients/python/requirements.txt"

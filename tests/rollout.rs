@@ -179,6 +179,23 @@ async fn load(rotation: Rotation, tally: Tally, acked: Acked, until: Instant) {
     while calls.join_next().await.is_some() {}
 }
 
+/// [`load`] in a task of its own; the decisions it acknowledged fill the
+/// map returned.
+fn spawn_load(
+    rotation: &Rotation,
+    tally: &Tally,
+    until: Instant,
+) -> (Acked, tokio::task::JoinHandle<()>) {
+    let acked: Acked = Arc::default();
+    let task = tokio::spawn(load(
+        Arc::clone(rotation),
+        Arc::clone(tally),
+        Arc::clone(&acked),
+        until,
+    ));
+    (acked, task)
+}
+
 /// Puts the replica into `rotation` once it reports `SERVING`, as a
 /// balancer's check would (polled every 50 ms: faster than any balancer,
 /// so that a replica sent traffic before it admits would show).
@@ -221,13 +238,7 @@ async fn replicas_that_start_admit_from_the_moment_they_say_serving() {
     for _ in 0..3 {
         replicas.push(Replica::spawn(&db.url, IDLE_BUDGET).await);
     }
-    let acked: Acked = Arc::default();
-    let sending = tokio::spawn(load(
-        Arc::clone(&rotation),
-        Arc::clone(&tally),
-        Arc::clone(&acked),
-        until,
-    ));
+    let (acked, sending) = spawn_load(&rotation, &tally, until);
     for (i, replica) in replicas.iter().enumerate() {
         let took = add_when_serving(&rotation, &format!("replica-{}", i + 1), replica).await;
         eprintln!("replica-{} SERVING {took:?} after the check began", i + 1);
@@ -298,13 +309,7 @@ async fn a_rolling_restart_behind_haproxy_defers_nothing_and_fails_nothing() {
     let rotation = Arc::new(Mutex::new(vec![("haproxy".to_owned(), client)]));
     let tally: Tally = Arc::default();
     let until = Instant::now() + Duration::from_secs(60);
-    let acked: Acked = Arc::default();
-    let sending = tokio::spawn(load(
-        Arc::clone(&rotation),
-        Arc::clone(&tally),
-        Arc::clone(&acked),
-        until,
-    ));
+    let (acked, sending) = spawn_load(&rotation, &tally, until);
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (i, &port) in ports.iter().enumerate() {
         let began = Instant::now();

@@ -112,13 +112,7 @@ pub async fn hangup(
     log: &mut mpsc::UnboundedReceiver<String>,
     outcomes: &[&str],
 ) -> String {
-    let pid = child.id().expect("running").to_string();
-    let sent = Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(sent.success());
+    signal(child, "HUP").await;
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let line = log.recv().await.expect("the server is running");
@@ -129,6 +123,17 @@ pub async fn hangup(
     })
     .await
     .expect("the reload is logged")
+}
+
+/// Sends signal `name` (`HUP`, `TERM`) to `child`.
+pub async fn signal(child: &Child, name: &str) {
+    let pid = child.id().expect("running").to_string();
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(sent.success(), "kill -{name} {pid}");
 }
 
 /// A port free now, for a listener the binary opens itself (metrics).

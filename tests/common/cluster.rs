@@ -45,13 +45,7 @@ impl Replica {
     /// SIGTERM, as Kubernetes stops a pod, and wait until it has drained
     /// and exited (at most 30 s); returns whether it exited cleanly.
     pub async fn terminate(&mut self) -> bool {
-        let pid = self.child.id().expect("running").to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .expect("kill");
-        assert!(sent.success());
+        super::binary::signal(&self.child, "TERM").await;
         tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .expect("drained and exited within 30 s")

@@ -126,7 +126,7 @@ async fn main() -> ExitCode {
                     .unwrap_or_else(|| PathBuf::from("retry-budget"))
             });
             match Server::start(&binary, config.unwrap_or(Config::Default)).await {
-                Ok(server) => run::Policy::Service(server),
+                Ok(server) => run::Policy::Service(Box::new(server)),
                 Err(error) => {
                     eprintln!("retry-budget-storm: {error}");
                     return ExitCode::FAILURE;

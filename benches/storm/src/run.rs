@@ -16,13 +16,17 @@ use crate::record::{Activity, End, Recorder, Tenant};
 use crate::service::{Decision, Server};
 use crate::setup::Setup;
 
+/// Mixed into the seed for the restart times, so that drawing them leaves
+/// the arrivals as they are in the scenarios without restarts.
+const RESTART_STREAM: u64 = 0x7265_7374_6172_7473;
+
 /// Who decides retries.
 #[derive(Debug)]
 pub enum Policy {
     /// Each worker its own state under a published per-client rule.
     Client(Rule),
     /// The retry-budget server, asked as the README's worker loop says.
-    Service(Server),
+    Service(Box<Server>),
 }
 
 /// One activity's arrival, drawn before the run so that every policy sees
@@ -126,7 +130,7 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
     if setup.restart {
         // Each worker restarts once, at a random moment of the trigger: its
         // per-client state starts full again.
-        let mut rng = StdRng::seed_from_u64(setup.seed ^ 0x5eed_0f_4e57a47);
+        let mut rng = StdRng::seed_from_u64(setup.seed ^ RESTART_STREAM);
         for worker in 0..setup.workers {
             let at = tl.trigger_start() + rng.random::<f64>() * tl.trigger;
             let lab = lab.clone();

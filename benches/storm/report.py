@@ -129,11 +129,29 @@ def plot(runs, path, scenario="drop"):
     fig.savefig(path, dpi=90)
 
 
+def sweep(directory):
+    runs = load(directory)
+    out = ["| policy | trigger | recovery s | last 10 s/s | queue at end | calls/activity | worst second |",
+           "|---|---|---|---|---|---|---|"]
+    key = lambda r: (r["policy"], -r["trigger_end"] + r["trigger_start"], -r["trigger_capacity"])
+    for r in sorted(runs, key=key):
+        length = r["trigger_end"] - r["trigger_start"]
+        rec = "never" if r["recovery_s"] is None else f"{r['recovery_s']:.0f}"
+        out.append(f"| {r['policy']} | {r['trigger_capacity']:.2f} C for {length:.0f} s | {rec} | "
+                   f"{r['goodput_last10']:.1f} | {r['queue_end']} | {r['amplification']:.2f} | "
+                   f"{r['amplification_worst_second']:.2f} |")
+    print("\n".join(out))
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("runs")
+    parser.add_argument("runs", nargs="?")
     parser.add_argument("--plot")
+    parser.add_argument("--sweep")
     args = parser.parse_args()
+    if args.sweep:
+        sweep(args.sweep)
+        return
     runs = load(args.runs)
     for scenario in SCENARIOS:
         text = table(runs, scenario)

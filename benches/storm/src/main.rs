@@ -55,6 +55,13 @@ struct Args {
     /// CI's short timeline (31 s) instead of the full one (70 s).
     #[arg(long)]
     short: bool,
+    /// Override the trigger's capacity, as a fraction of C (the boundary
+    /// sweep of docs/storm.md).
+    #[arg(long)]
+    trigger_capacity: Option<f64>,
+    /// Override the trigger's length in seconds.
+    #[arg(long)]
+    trigger_seconds: Option<f64>,
     /// The retry-budget binary (default: `retry-budget` beside this one).
     #[arg(long)]
     server_bin: Option<PathBuf>,
@@ -109,12 +116,18 @@ impl PolicyName {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let timeline = if args.short {
+    let mut timeline = if args.short {
         Timeline::SHORT
     } else {
         Timeline::FULL
     };
-    let setup = Setup::new(args.scenario, args.capacity, timeline, args.seed);
+    if let Some(seconds) = args.trigger_seconds {
+        timeline.trigger = seconds;
+    }
+    let mut setup = Setup::new(args.scenario, args.capacity, timeline, args.seed);
+    if let Some(fraction) = args.trigger_capacity {
+        setup.trigger_capacity = fraction;
+    }
     let config = args.policy.config();
     let policy = match (args.policy.rule(), config) {
         (Some(rule), _) => run::Policy::Client(rule),
@@ -140,6 +153,7 @@ async fn main() -> ExitCode {
         "seed": args.seed,
         "capacity": setup.capacity,
         "rho": setup.rho,
+        "trigger_capacity": setup.trigger_capacity,
         "workers": setup.workers,
         "timeout_s": setup.timeout.as_secs_f64(),
         "short": args.short,

@@ -62,7 +62,7 @@ def table(runs, scenario):
     if flaky:
         head += ["activities succeeded"]
     else:
-        head += ["recovery s", "last 10 s/s", "queue at end"]
+        head += ["recovery s", "last 10 s/s", "queue max / at end"]
     head += ["calls/activity", "worst second", "wasted", "quiet during", "noisy during",
              "quiet after", "noisy after", "lag p99/max ms"]
     out = [f"### {scenario}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -80,7 +80,8 @@ def table(runs, scenario):
         if flaky:
             cells += [fmt(col("succeeded_share"), 1, pct=True)]
         else:
-            cells += [recovery(col("recovery_s")), fmt(col("goodput_last10")), fmt(col("queue_end"), 0)]
+            cells += [recovery(col("recovery_s")), fmt(col("goodput_last10")),
+                      f"{fmt(col('queue_max'), 0)} / {fmt(col('queue_end'), 0)}"]
         cells += [fmt(col("amplification"), 2), fmt(col("amplification_worst_second"), 2),
                   fmt(col("wasted_share"), 0, pct=True),
                   fmt(col("quiet_during"), 0, pct=True), fmt(col("noisy_during"), 0, pct=True),

@@ -53,6 +53,18 @@ def recovery(values):
     return text
 
 
+def first_back(run):
+    """Seconds from the trigger's end to the first second whose goodput is
+    back at 95% of the before mean (no hold): when recovery starts, robust to
+    the arrivals' noise that can break the 10 s hold of `recovery_s`."""
+    goodput = run["series"]["goodput"]
+    start, end = int(run["trigger_end"]), len(goodput) - 1
+    for s in range(start, end):
+        if goodput[s] >= 0.95 * run["goodput_before"]:
+            return float(s - start)
+    return None
+
+
 def table(runs, scenario):
     rows = [r for r in runs if r["scenario"] == scenario]
     if not rows:
@@ -62,7 +74,7 @@ def table(runs, scenario):
     if flaky:
         head += ["activities succeeded"]
     else:
-        head += ["recovery s", "last 10 s/s", "queue max / at end"]
+        head += ["recovery s", "back s", "last 10 s/s", "queue max / at end"]
     head += ["calls/activity", "worst second", "wasted", "quiet during", "noisy during",
              "quiet after", "noisy after", "lag p99/max ms"]
     out = [f"### {scenario}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -80,7 +92,8 @@ def table(runs, scenario):
         if flaky:
             cells += [fmt(col("succeeded_share"), 1, pct=True)]
         else:
-            cells += [recovery(col("recovery_s")), fmt(col("goodput_last10")),
+            cells += [recovery(col("recovery_s")), recovery([first_back(r) for r in rs]),
+                      fmt(col("goodput_last10")),
                       f"{fmt(col('queue_max'), 0)} / {fmt(col('queue_end'), 0)}"]
         cells += [fmt(col("amplification"), 2), fmt(col("amplification_worst_second"), 2),
                   fmt(col("wasted_share"), 0, pct=True),
@@ -132,15 +145,19 @@ def plot(runs, path, scenario="drop"):
 
 def sweep(directory):
     runs = load(directory)
-    out = ["| policy | trigger | recovery s | last 10 s/s | queue at end | calls/activity | worst second |",
-           "|---|---|---|---|---|---|---|"]
-    key = lambda r: (r["policy"], -r["trigger_end"] + r["trigger_start"], -r["trigger_capacity"])
+    out = ["| C | policy | trigger | recovery s | back s | last 10 s/s | queue max / at end | calls/activity "
+           "| worst second | lag p99/max ms |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    key = lambda r: (r["capacity"], r["policy"], r["trigger_end"] - r["trigger_start"], -r["trigger_capacity"])
     for r in sorted(runs, key=key):
         length = r["trigger_end"] - r["trigger_start"]
         rec = "never" if r["recovery_s"] is None else f"{r['recovery_s']:.0f}"
-        out.append(f"| {r['policy']} | {r['trigger_capacity']:.2f} C for {length:.0f} s | {rec} | "
-                   f"{r['goodput_last10']:.1f} | {r['queue_end']} | {r['amplification']:.2f} | "
-                   f"{r['amplification_worst_second']:.2f} |")
+        back = first_back(r)
+        back = "never" if back is None else f"{back:.0f}"
+        out.append(f"| {r['capacity']:.0f} | {r['policy']} | {r['trigger_capacity']:.2f} C for {length:.0f} s | "
+                   f"{rec} | {back} | {r['goodput_last10']:.1f} | {r['queue_max']} / {r['queue_end']} | "
+                   f"{r['amplification']:.2f} | {r['amplification_worst_second']:.2f} | "
+                   f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.0f} |")
     print("\n".join(out))
 
 

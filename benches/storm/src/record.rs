@@ -1,0 +1,300 @@
+//! What a run counts, per whole second and per activity, and the figures
+//! computed from it (docs/storm.md, "Measures").
+
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+use crate::setup::{Setup, Timeline};
+
+/// The two tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tenant {
+    /// 80% of the load.
+    Noisy = 0,
+    /// 20% of the load.
+    Quiet = 1,
+}
+
+impl Tenant {
+    /// The tenant's id, as `x-tenant-id` names it.
+    pub fn id(self) -> &'static str {
+        match self {
+            Tenant::Noisy => "noisy",
+            Tenant::Quiet => "quiet",
+        }
+    }
+}
+
+/// How an activity ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum End {
+    /// Still running when the run ended.
+    Pending,
+    /// An attempt succeeded at this second of the run.
+    Succeeded(f64),
+    /// Given up: attempts, deadline, budget, or the service said stop.
+    Failed,
+}
+
+/// One activity's arrival and fate.
+#[derive(Debug, Clone, Copy)]
+pub struct Activity {
+    /// When it arrived, seconds into the run.
+    pub arrived: f64,
+    /// Whose it is.
+    pub tenant: Tenant,
+    /// How it ended.
+    pub end: End,
+}
+
+/// Counters per whole second of the run, and every activity's fate.
+#[derive(Debug, Default, Clone)]
+pub struct Tallies {
+    /// Dependency calls sent in each second.
+    pub calls: Vec<u32>,
+    /// Requests served in each second whose caller had already given up.
+    pub wasted: Vec<u32>,
+    /// Activities that succeeded in each second.
+    pub goodput: Vec<u32>,
+    /// The longest queue seen in each second (sampled every 10 ms).
+    pub queue: Vec<u32>,
+    /// Every activity, by arrival order.
+    pub activities: Vec<Activity>,
+    /// Calls to the retry-budget server that failed (should be none).
+    pub service_errors: u32,
+    /// Deferrals the retry-budget server answered.
+    pub deferrals: u32,
+}
+
+/// The run's shared counters.
+#[derive(Debug)]
+pub struct Recorder {
+    /// Behind one lock: the lab runs on one thread, so it is never contended.
+    tallies: Mutex<Tallies>,
+}
+
+impl Recorder {
+    /// Counters for a run of `seconds` whole seconds and these activities.
+    pub fn new(seconds: usize, activities: Vec<Activity>) -> Self {
+        Self {
+            tallies: Mutex::new(Tallies {
+                calls: vec![0; seconds],
+                wasted: vec![0; seconds],
+                goodput: vec![0; seconds],
+                queue: vec![0; seconds],
+                activities,
+                ..Tallies::default()
+            }),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Tallies) -> R) -> R {
+        f(&mut self
+            .tallies
+            .lock()
+            .expect("the recorder's lock is never poisoned"))
+    }
+
+    /// A dependency call sent at `t`.
+    pub fn call(&self, t: f64) {
+        self.with(|x| bump(&mut x.calls, t));
+    }
+
+    /// A request served at `t` whose caller had given up.
+    pub fn wasted(&self, t: f64) {
+        self.with(|x| bump(&mut x.wasted, t));
+    }
+
+    /// The queue's length sampled at `t`.
+    pub fn queue(&self, t: f64, len: usize) {
+        self.with(|x| {
+            if let Some(q) = x.queue.get_mut(t as usize) {
+                *q = (*q).max(len as u32);
+            }
+        });
+    }
+
+    /// Activity `index` ended.
+    pub fn end(&self, index: usize, end: End) {
+        self.with(|x| {
+            if let End::Succeeded(t) = end {
+                bump(&mut x.goodput, t);
+            }
+            x.activities[index].end = end;
+        });
+    }
+
+    /// A call to the retry-budget server failed.
+    pub fn service_error(&self) {
+        self.with(|x| x.service_errors += 1);
+    }
+
+    /// The retry-budget server deferred a retry.
+    pub fn deferral(&self) {
+        self.with(|x| x.deferrals += 1);
+    }
+
+    /// A copy of the counters so far.
+    pub fn snapshot(&self) -> Tallies {
+        self.with(|x| x.clone())
+    }
+}
+
+fn bump(series: &mut [u32], t: f64) {
+    if t >= 0.0
+        && let Some(n) = series.get_mut(t as usize)
+    {
+        *n += 1;
+    }
+}
+
+/// The mean of `series` over whole seconds `[from, to)`.
+fn mean(series: &[u32], from: f64, to: f64) -> f64 {
+    let (from, to) = (from as usize, (to as usize).min(series.len()));
+    if to <= from {
+        return 0.0;
+    }
+    series[from..to].iter().map(|&n| f64::from(n)).sum::<f64>() / (to - from) as f64
+}
+
+/// Seconds after the trigger's end until goodput is back for good: the
+/// first second `s` from which the mean goodput of the 5 s ending at each
+/// second stays at or above 95% of `baseline` for 10 s. `None` when no such
+/// second comes within the run (never: metastable, or slower than the run
+/// can tell).
+pub fn recovery(goodput: &[u32], baseline: f64, timeline: &Timeline) -> Option<f64> {
+    const WINDOW: usize = 5;
+    const HOLD: usize = 10;
+    let threshold = 0.95 * baseline;
+    let end = (timeline.end() as usize).min(goodput.len());
+    let trailing = |s: usize| -> f64 {
+        let from = (s + 1).saturating_sub(WINDOW);
+        goodput[from..=s].iter().map(|&n| f64::from(n)).sum::<f64>() / (s + 1 - from) as f64
+    };
+    let first = timeline.trigger_end() as usize;
+    (first..end.saturating_sub(HOLD - 1))
+        .find(|&s| (s..s + HOLD).all(|t| trailing(t) >= threshold))
+        .map(|s| (s - first) as f64)
+}
+
+/// The share of `tenant`'s activities arrived in `[from, to)` that succeeded.
+fn success_share(activities: &[Activity], tenant: Option<Tenant>, from: f64, to: f64) -> Value {
+    let mut arrived = 0u32;
+    let mut succeeded = 0u32;
+    for a in activities {
+        if a.arrived >= from && a.arrived < to && tenant.is_none_or(|t| a.tenant == t) {
+            arrived += 1;
+            if matches!(a.end, End::Succeeded(_)) {
+                succeeded += 1;
+            }
+        }
+    }
+    if arrived == 0 {
+        Value::Null
+    } else {
+        json!(f64::from(succeeded) / f64::from(arrived))
+    }
+}
+
+/// The figures of one run, as JSON.
+pub fn summarize(tallies: &Tallies, setup: &Setup) -> Value {
+    let tl = &setup.timeline;
+    let before = mean(&tallies.goodput, tl.before_start(), tl.trigger_start());
+    let during = mean(&tallies.goodput, tl.trigger_start(), tl.trigger_end());
+    let after = mean(&tallies.goodput, tl.trigger_end(), tl.end());
+    let recovery = if setup.trigger_capacity < 1.0 {
+        recovery(&tallies.goodput, before, tl)
+    } else {
+        None
+    };
+    let calls: u32 = tallies.calls.iter().sum();
+    let served_late: u32 = tallies.wasted.iter().sum();
+    let arrived = tallies.activities.len() as f64;
+    let rate = setup.arrival_rate();
+    let worst_second = tallies
+        .calls
+        .iter()
+        .skip(tl.before_start() as usize)
+        .max()
+        .map_or(0.0, |&n| f64::from(n) / rate);
+    // Activities late in the run may still be running when it ends: shares
+    // are taken over arrivals that had at least 10 s before the end.
+    let settled = tl.end() - 10.0;
+    let share = |tenant, from, to| success_share(&tallies.activities, tenant, from, to);
+    json!({
+        "goodput_before": before,
+        "goodput_during": during,
+        "goodput_after": after,
+        "goodput_last10": mean(&tallies.goodput, tl.end() - 10.0, tl.end()),
+        "recovery_s": recovery,
+        "amplification": if arrived > 0.0 { f64::from(calls) / arrived } else { 0.0 },
+        "amplification_worst_second": worst_second,
+        "calls": calls,
+        "wasted": served_late,
+        "wasted_share": if calls > 0 { f64::from(served_late) / f64::from(calls) } else { 0.0 },
+        "queue_end": tallies.queue.get(tl.end() as usize - 1).copied().unwrap_or(0),
+        "queue_max": tallies.queue.iter().max().copied().unwrap_or(0),
+        "succeeded_share": share(None, tl.before_start(), settled),
+        "noisy_during": share(Some(Tenant::Noisy), tl.trigger_start(), tl.trigger_end()),
+        "quiet_during": share(Some(Tenant::Quiet), tl.trigger_start(), tl.trigger_end()),
+        "noisy_after": share(Some(Tenant::Noisy), tl.trigger_end(), settled),
+        "quiet_after": share(Some(Tenant::Quiet), tl.trigger_end(), settled),
+        "pending_at_end": tallies.activities.iter().filter(|a| a.end == End::Pending).count(),
+        "service_errors": tallies.service_errors,
+        "deferrals": tallies.deferrals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(parts: &[(u32, usize)]) -> Vec<u32> {
+        parts
+            .iter()
+            .flat_map(|&(v, n)| std::iter::repeat_n(v, n))
+            .collect()
+    }
+
+    #[test]
+    fn recovery_counts_from_the_trigger_end_with_a_trailing_5_s_mean() {
+        let tl = Timeline::FULL; // trigger 15..25, end 55
+        // Back to 100 at second 30: the 5 s mean reaches 95 at second 34.
+        let g = series(&[(100, 15), (0, 15), (100, 25)]);
+        assert_eq!(recovery(&g, 100.0, &tl), Some(9.0));
+        // Never back: none.
+        let g = series(&[(100, 15), (0, 40)]);
+        assert_eq!(recovery(&g, 100.0, &tl), None);
+        // Back only for 9 s before the end: too late to tell.
+        let g = series(&[(100, 15), (0, 27), (100, 13)]);
+        assert_eq!(recovery(&g, 100.0, &tl), None);
+        // A dip after a first recovery pushes it past the dip.
+        let g = series(&[(100, 25), (100, 5), (0, 1), (100, 24)]);
+        assert_eq!(recovery(&g, 100.0, &tl), Some(10.0));
+    }
+
+    #[test]
+    fn shares_count_only_the_window_and_tenant() {
+        let a = |arrived, tenant, end| Activity {
+            arrived,
+            tenant,
+            end,
+        };
+        let acts = [
+            a(1.0, Tenant::Noisy, End::Succeeded(1.5)),
+            a(1.5, Tenant::Noisy, End::Failed),
+            a(1.7, Tenant::Quiet, End::Pending),
+            a(5.0, Tenant::Noisy, End::Failed),
+        ];
+        assert_eq!(
+            success_share(&acts, Some(Tenant::Noisy), 0.0, 2.0),
+            json!(0.5)
+        );
+        assert_eq!(
+            success_share(&acts, Some(Tenant::Quiet), 0.0, 2.0),
+            json!(0.0)
+        );
+        assert_eq!(success_share(&acts, None, 6.0, 9.0), Value::Null);
+    }
+}

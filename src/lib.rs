@@ -33,5 +33,6 @@ pub mod grpc;
 pub mod ledger;
 pub mod metrics;
 pub mod peer;
+pub mod refusal;
 pub mod server;
 pub mod store;

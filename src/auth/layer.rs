@@ -17,8 +17,8 @@ use super::keys::KeySet;
 use super::{AuthConfig, AuthMode, Tenant};
 use crate::budget::tenant::{self, DEFAULT_TENANT, TENANT_HEADER, TenantError};
 use crate::config::ConfigError;
-use crate::grpc::status::refusal;
 use crate::peer::Peer;
+use crate::refusal::refusal;
 
 /// The target of the layer's log lines: a refusal at debug level (its
 /// code, the method, the caller's address; never a key or a header's
@@ -186,7 +186,7 @@ fn log_keys(keys: &KeySet, message: &'static str) {
 }
 
 /// The status a refusal is answered with: its code and stable reason, in
-/// the one shape every refusal has (`crate::grpc::status::refusal`).
+/// the one shape every refusal has (`crate::refusal::refusal`).
 fn status(error: &TenantError, mode: AuthMode) -> tonic::Status {
     let (code, metadata): (Code, Vec<(&'static str, String)>) = match error {
         TenantError::Invalid | TenantError::Required => (

@@ -4,7 +4,7 @@
 //!
 //! tonic's own `Server::timeout` answers `CANCELLED` with no code, which a
 //! client cannot tell from its own cancellation; this layer answers as
-//! every other refusal does (`crate::grpc::status::refusal`). The client's
+//! every other refusal does (`crate::refusal::refusal`). The client's
 //! `grpc-timeout`, when shorter, still ends the call first (tonic's).
 //!
 //! What a timed-out `NextAction` leaves: a decision whose record was
@@ -26,7 +26,7 @@ use tonic::Code;
 use tower::{Layer, Service};
 
 use crate::budget::codes;
-use crate::grpc::status::refusal;
+use crate::refusal::refusal;
 
 /// The layer that bounds every call to `limit`.
 #[derive(Debug, Clone, Copy)]

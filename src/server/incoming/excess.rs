@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use super::Health;
 use crate::budget::codes;
-use crate::grpc::status::refusal;
+use crate::refusal::refusal;
 
 /// The wait a refused call is told to take before it asks again.
 pub(crate) const COME_BACK: Duration = Duration::from_secs(1);

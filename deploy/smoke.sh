@@ -86,7 +86,7 @@ if [[ -z "${IMAGE:-}" ]]; then
   CONTEXT_IMAGE="$RUN_ID-context:latest"
   if printf 'FROM %s\nCOPY . /ctx\n' "$base" | docker build -q --force-rm -t "$CONTEXT_IMAGE" -f - . >/dev/null 2>&1 \
     && files=$(docker run --rm --entrypoint find "$CONTEXT_IMAGE" /ctx -type f -printf '%P\n'); then
-    bad=$(grep -vE '^(Cargo\.toml|Cargo\.lock|build\.rs|\.cargo/config\.toml|benches/core\.rs|benches/loadgen/Cargo\.toml|benches/loadgen/src/.*|proto/.*|src/.*|migrations/[^/]*\.sql)$' <<<"$files" || true)
+    bad=$(grep -vE '^(Cargo\.toml|Cargo\.lock|build\.rs|\.cargo/config\.toml|benches/core\.rs|benches/loadgen/Cargo\.toml|benches/loadgen/src/.*|benches/storm/Cargo\.toml|benches/storm/src/.*|proto/.*|src/.*|migrations/[^/]*\.sql)$' <<<"$files" || true)
     kib=$(docker run --rm --entrypoint du "$CONTEXT_IMAGE" -sk /ctx | cut -f1)
     if [[ -z "$bad" ]] && grep -qx 'src/main.rs' <<<"$files" && grep -qx 'Cargo.lock' <<<"$files"; then
       pass "build context: $(wc -l <<<"$files") files, ${kib} KiB, only what .dockerignore allows"

@@ -14,8 +14,9 @@
 //! - [`ledger`]: durable activity budgets: one activity at a time, durable
 //!   before the reply.
 //! - [`store`]: where activities live, behind one [`store::Store`] trait.
+//! - [`refusal`]: the one shape of every refusal, whichever layer refuses.
 //! - [`grpc`]: the `retrybudget.v1` edge: protobuf types, conversions and
-//!   the one place errors become `tonic::Status`.
+//!   the one place the core's and the stores' errors become refusals.
 //! - [`metrics`]: Prometheus metrics: the RPC layer, decisions, and what
 //!   the bucket, the store and the coordination count, read at scrape.
 //! - [`server`]: the wiring: store, services, health, reflection, shutdown.

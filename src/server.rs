@@ -175,7 +175,7 @@ async fn serve_with<S: Store>(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     // The first ping brings the schema up to date.
-    let store_answers = watch::first_ping(&ledger).await;
+    let store_answers = watch::ping(&ledger).await;
     // After that first ping, so that the first interval finds the leases'
     // table on a new database; before the first request, so that a replica
     // admits no retry until the database has given it a part of the global

@@ -129,11 +129,8 @@ pub fn allocate(config: &BucketConfig, replicas: &[ReplicaView], me: usize) -> R
     // replicas that start together, each before the others have lowered,
     // all find some.
     let room = (config.rate - others).max(0.0);
-    let held = replicas
-        .get(me)
-        .map_or(0.0, |v| v.granted_rate.clamp(0.0, room));
-    let room = if held > 0.0 { room } else { room / 2.0 };
-    let rate = target.min(room).max(0.0);
+    let holds = replicas.get(me).is_some_and(|v| v.granted_rate > 0.0);
+    let rate = target.min(if holds { room } else { room / 2.0 });
     let burst = (f64::from(config.burst) * rate / config.rate).floor() as u32;
 
     // Local weights: the rates the split gives tenants here; a tenant not

@@ -15,12 +15,6 @@ use crate::store::Store;
 /// How often health asks the store whether it answers.
 const STORE_HEALTH_PERIOD: Duration = Duration::from_secs(1);
 
-/// Pings the store once, so that the schema is brought up to date before
-/// anything else uses it, and says whether it answered.
-pub(super) async fn first_ping<S: Store>(ledger: &Ledger<S>) -> bool {
-    ping(ledger).await
-}
-
 /// Sets health now, then keeps it following the store and the
 /// coordination in a task. The `RetryBudget` service is `SERVING` only
 /// while it would admit: the store answers, and, with coordination, the
@@ -53,11 +47,7 @@ pub(super) async fn spawn_readiness<S: Store, N: NamedService>(
         loop {
             tokio::select! {
                 _ = ticks.tick() => readiness.store_ok = ping(&ledger).await,
-                changed = changed(&mut coordination) => {
-                    if !changed {
-                        coordination = None;
-                    }
-                }
+                () = changed(&mut coordination) => {}
             }
             readiness.update(&mut coordination).await;
         }
@@ -108,18 +98,21 @@ fn admitting(state: &CoordinationState) -> bool {
     state.status != CoordinationStatus::NoGrant
 }
 
-/// The next change of the coordination's state (false once it is gone);
-/// never, without coordination.
-async fn changed(
-    coordination: &mut Option<tokio::sync::watch::Receiver<CoordinationState>>,
-) -> bool {
-    match coordination {
-        Some(c) => c.changed().await.is_ok(),
-        None => std::future::pending().await,
+/// The next change of the coordination's state; never, without
+/// coordination or once it has stopped (its last state stands: a replica
+/// whose coordination is gone is not thereby granted anything).
+async fn changed(coordination: &mut Option<tokio::sync::watch::Receiver<CoordinationState>>) {
+    if let Some(c) = coordination
+        && c.changed().await.is_ok()
+    {
+        return;
     }
+    std::future::pending().await
 }
 
-async fn ping<S: Store>(ledger: &Ledger<S>) -> bool {
+/// Whether the store answers a ping. The server's first one also brings
+/// the schema up to date before anything else uses it.
+pub(super) async fn ping<S: Store>(ledger: &Ledger<S>) -> bool {
     match ledger.store().ping().await {
         Ok(()) => true,
         Err(error) => {

@@ -2,8 +2,7 @@
 //! on: the verdicts of the summary (`benches/summarize.py`), the reading of
 //! callgrind's dumps with their simulated cache misses
 //! (`benches/callgrind_summary.py`), the table of every target across runs
-//! (`benches/across.py`), the host's stalls in a window from cyclictest
-//! (`benches/host_stalls.py`) and the PostgreSQL targets' ratios and CPU a
+//! (`benches/across.py`) and the PostgreSQL targets' ratios and CPU a
 //! decision (`benches/pg_summary.py`). Their Python tests run here so that
 //! `cargo test --workspace` runs every test of the project.
 //! Without `python3` each test says it was skipped, and fails under
@@ -47,11 +46,6 @@ fn callgrind_dumps_and_cache_misses() {
 #[test]
 fn targets_across_runs() {
     python_tests("test_across.py");
-}
-
-#[test]
-fn host_stalls_from_cyclictest() {
-    python_tests("test_host_stalls.py");
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! on: the verdicts of the summary (`benches/summarize.py`), the reading of
 //! callgrind's dumps with their simulated cache misses
 //! (`benches/callgrind_summary.py`), the table of every target across runs
-//! (`benches/across.py`) and the PostgreSQL targets' ratios and CPU a
-//! decision (`benches/pg_summary.py`). Their Python tests run here so that
+//! (`benches/across.py`), the PostgreSQL targets' ratios and CPU a decision
+//! (`benches/pg_summary.py`) and the soak's quantiles from the server's
+//! histograms (`benches/soak_summary.py`). Their Python tests run here so that
 //! `cargo test --workspace` runs every test of the project.
 //! Without `python3` each test says it was skipped, and fails under
 //! `CI=true`.
@@ -51,4 +52,9 @@ fn targets_across_runs() {
 #[test]
 fn postgres_ratios_and_cpu_split() {
     python_tests("test_pg_summary.py");
+}
+
+#[test]
+fn soak_quantiles_from_scrapes() {
+    python_tests("test_soak_summary.py");
 }

@@ -12,7 +12,7 @@
 #       costs it about 40% less a request than the tonic one and so keeps
 #       its schedule where the tonic client fell behind;
 #       then h2load on (1), (2) and (3), A/B/C/A/B/C (skipped if h2load is
-#       missing; the issue asks for (1) and (2), (3) comes at no cost);
+#       missing);
 #   (4) durable NextAction with group commit vs (5) --max-batch 1, A/B/A/B,
 #       each on a fresh server and data directory; before each (4), pure
 #       NextAction on the same server, which (4) is judged against;
@@ -75,7 +75,7 @@ CONNECTIONS=4
 CONCURRENCY=128
 STREAMS_PER_CONNECTION=$((CONCURRENCY / CONNECTIONS))
 
-command -v python3 >/dev/null || { echo "run.sh: python3 is needed (request bodies, summary)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "run.sh: python3 is needed (records, summary)" >&2; exit 1; }
 
 if [ -z "$OUT" ]; then
   mkdir -p "$ROOT/target/bench-results"

@@ -1,5 +1,5 @@
-# Set-up shared by the bench scripts that profile the release server under
-# the load generator (profile.sh, flame.sh); sourced, not run.
+# Set-up shared by the bench scripts that run the release server under
+# the load generator (profile.sh, rss.sh, soak.sh); sourced, not run.
 #
 #   bench_options LAST_HELP_LINE "$@"
 #

@@ -15,8 +15,8 @@
 #
 # Instructions, not time: the counts do not depend on what else the machine
 # runs, which makes them the figures to trust on a shared 2-core box. They
-# leave out the kernel (syscalls, loopback TCP, fsync); `perf record -e
-# cpu-clock` (see BENCHMARKS.md) covers it.
+# leave out the kernel (syscalls, loopback TCP, fsync), which the server
+# CPU a request of run.sh includes.
 #
 # Environment: CONC (streams, default 32); CACHE_SIM_KIB=N adds callgrind's
 # cache simulation, with a last-level cache of N KiB (8-way, 64-byte lines;

@@ -11,11 +11,8 @@
 #       with the generator's h2 client (each request prepared once), which
 #       costs it about 40% less a request than the tonic one and so keeps
 #       its schedule where the tonic client fell behind;
-#       and, through each open-loop window, cyclictest's real-time thread
-#       on each core woken every 4 ms, whose lateness is how long the host
-#       left that vCPU stalled (skipped if cyclictest is missing);
 #       then h2load on (1), (2) and (3), A/B/C/A/B/C (skipped if h2load is
-#       missing; the issue asks for (1) and (2), (3) comes at no cost);
+#       missing);
 #   (4) durable NextAction with group commit vs (5) --max-batch 1, A/B/A/B,
 #       each on a fresh server and data directory; before each (4), pure
 #       NextAction on the same server, which (4) is judged against;
@@ -36,7 +33,7 @@
 # disk), BENCH_WARMUP / BENCH_DURATION / BENCH_REPS / BENCH_OPEN_REPS to override.
 set -euo pipefail
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; }
 
 QUICK=0
 OUT=""
@@ -78,7 +75,7 @@ CONNECTIONS=4
 CONCURRENCY=128
 STREAMS_PER_CONNECTION=$((CONCURRENCY / CONNECTIONS))
 
-command -v python3 >/dev/null || { echo "run.sh: python3 is needed (request bodies, summary)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "run.sh: python3 is needed (records, summary)" >&2; exit 1; }
 
 if [ -z "$OUT" ]; then
   mkdir -p "$ROOT/target/bench-results"
@@ -200,49 +197,14 @@ print("{:,.0f} req/s, p50 {} us, p99 {} us, errors {}; cores: server {:.2f}, gen
 PY
 )
 
-# The host's stalls of each vCPU through a window: cyclictest's real-time
-# thread on CPU 0 and on CPU 1 (SCHED_FIFO 90), woken every 4 ms. Nothing in
-# the guest delays it for long, so a wake-up late by a millisecond or more is
-# a vCPU that the hypervisor did not run (on an idle machine of the Zen 4
-# kind, such a thread woken every 200 us came 1 ms late 16 and 22 times in
-# 30 s on the two cores, and as late as 18.9 ms in another 30 s). A stall of
-# 4 ms or more always holds a wake-up; a shorter one only when a wake-up
-# falls in it. Every 1 ms, each wake-up preempting the server and the
-# generator, it raised the open loop's p50 from 53 to 78 us (medians of six
-# alternated pairs); every 4 ms, 64 to 67, within the noise, at 0.02 of a
-# core. --laptop keeps it from writing 0 to /dev/cpu_dma_latency, which on
-# these VMs (cpuidle's haltpoll) would keep idle vCPUs polling instead of
-# halting for the whole window, and so change what is measured. Its
-# histogram goes to $WORK/stalls; benches/host_stalls.py adds it to the
-# window's record.
-STALL_METER=()
-if [ "$PINNED" = true ] && command -v cyclictest >/dev/null; then
-  STALL_METER=(cyclictest --laptop --quiet --mlockall --priority 90 --threads 2 --affinity 0,1
-    --interval 4000 --histogram 1000)
-fi
-
-stall_meter() { # seconds-before seconds (in the background)
-  sleep "$1"
-  "${STALL_METER[@]}" --duration "$2" >"$WORK/stalls" 2>/dev/null
-}
-
 loadgen() { # label scenario [loadgen flags...]
   local label=$1 scenario=$2
   shift 2
-  local line meter=""
-  if [[ " $* " == *" --mode open "* ]] && [ ${#STALL_METER[@]} -gt 0 ]; then
-    rm -f "$WORK/stalls"
-    stall_meter "$WARMUP" "$DURATION" &
-    meter=$!
-  fi
+  local line
   line=$("${GEN_CPU[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" \
     --connections $CONNECTIONS --concurrency $CONCURRENCY \
     --warmup "${WARMUP}s" --duration "${DURATION}s" \
     --server-pid "$SERVER_PID" --label "$label" --scenario "$scenario" "$@")
-  if [ -n "$meter" ]; then
-    wait "$meter" || log "  cyclictest failed: no stall figures for this window"
-    [ -s "$WORK/stalls" ] && line=$(python3 "$ROOT/benches/host_stalls.py" "$line" "$WORK/stalls")
-  fi
   printf '%s\n' "$line" >>"$OUT"
   log "  $label: $(printf '%s' "$line" | python3 -c "$PROGRESS_PY")"
 }
@@ -310,8 +272,6 @@ for rep in $(seq 1 "$REPS"); do
 done
 HALF_RATE=$(python3 -c "print(round($(max_throughput closed/health) / 2))")
 log "(1)-(3) open loop at $HALF_RATE req/s, half the health saturation rate (x$OPEN_REPS)"
-[ ${#STALL_METER[@]} -gt 0 ] \
-  || log "  no stall meter (needs cyclictest and two CPUs; Debian: apt-get install rt-tests)"
 for rep in $(seq 1 "$OPEN_REPS"); do
   for s in health retry-delay pure-next-action; do
     loadgen "open/$s" "$s" --mode open --rate "$HALF_RATE" --client h2
@@ -319,8 +279,13 @@ for rep in $(seq 1 "$OPEN_REPS"); do
 done
 if command -v h2load >/dev/null; then
   log "(1)-(3) h2load, gRPC framing (x$REPS)"
-  # gRPC framing: flag byte 0, 4-byte big-endian length, the message.
-  python3 "$ROOT/benches/grpc_bodies.py" "$WORK"
+  # The load generator's requests in gRPC framing (flag byte 0, 4-byte
+  # big-endian length, the message): HealthCheckRequest{};
+  # RetryDelayRequest{activity_id: "flight-1", attempt: 4}; NextActionRequest
+  # {budget: {1, 3, 5, 30}, activity_id: "flight-1", error_class: TRANSIENT}.
+  printf '\0\0\0\0\0' >"$WORK/health.bin"
+  printf '\0\0\0\0\x0c\x0a\x08flight-1\x10\x04' >"$WORK/retry-delay.bin"
+  printf '\0\0\0\0\x16\x0a\x08\x08\x01\x10\x03\x18\x05\x20\x1e\x12\x08flight-1\x18\x01' >"$WORK/pure-next-action.bin"
   for rep in $(seq 1 "$REPS"); do
     h2load_run h2load/health /grpc.health.v1.Health/Check "$WORK/health.bin"
     h2load_run h2load/retry-delay /retrybudget.v1.RetryBudget/RetryDelay "$WORK/retry-delay.bin"

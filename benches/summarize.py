@@ -102,19 +102,6 @@ def clean(rec):
     return (rec.get("other_busy_cores") or 0.0) <= NOISY_CORES and on_schedule(rec)
 
 
-def host_stall_rows(runs):
-    """The open-loop windows that carry the stall meter's figures (run.sh
-    records them where cyclictest is installed; older results files have
-    none): (label, rep, record, server core's, generator core's), the server
-    on CPU 0 and the generator on CPU 1."""
-    return [
-        (label, i + 1, r, r["host_stalls"]["cpu0"], r["host_stalls"]["cpu1"])
-        for label, recs in sorted(runs.items())
-        for i, r in enumerate(x for x in recs if "throughput_rps" in x)
-        if r.get("mode") == "open" and "host_stalls" in r
-    ]
-
-
 def noisy_groups(runs):
     """The groups whose windows' mean other work was over NOISY_CORES, with
     that mean and the mean of it that was the hypervisor's steal (None in
@@ -336,18 +323,6 @@ def main():
     ]
     if late:
         print(f"\nNot judged, the generator fell behind its schedule: {'; '.join(late)}.")
-    stalls = host_stall_rows(runs)
-    if stalls:
-        print()
-        print("the host's stalls in the open-loop windows: wake-ups of a real-time thread on each core")
-        print("(cyclictest, every 4 ms; every 1 ms in the first files that carry them) that came 1 ms late or more,")
-        print("and the latest (ms), beside the window's p99 and its generator's own p99 lateness (us):")
-        print(f"  {'group':<26} {'rep':>3} {'p99':>7} {'pacer':>6}   {'server core':>11} {'latest':>6}"
-              f"   {'generator core':>14} {'latest':>6}")
-        for label, rep, rec, server, generator in stalls:
-            print(f"  {label:<26} {rep:>3} {fmt(p99(rec), 0):>7} {fmt(generator_lag(rec), 0):>6}   "
-                  f"{server['late_1ms']:>11} {fmt(server['max_us'] / 1000, 1):>6}   "
-                  f"{generator['late_1ms']:>14} {fmt(generator['max_us'] / 1000, 1):>6}")
     print()
     print("decisions per fsync (saves / commits, whole server lifetime incl. warm-up):")
     for label, v in sorted(per_fsync.items()):

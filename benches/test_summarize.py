@@ -134,18 +134,6 @@ class Verdicts(unittest.TestCase):
         self.assertEqual(summarize.noisy_label(*noisy[1]),
                          "durable/group-commit (0.40 of a core, 0.30 of it stolen by the host)")
 
-    def test_host_stalls_are_listed_for_the_open_windows_that_carry_them(self):
-        stalls = {"cpu0": {"late_1ms": 3, "max_us": 18_853}, "cpu1": {"late_1ms": 0, "max_us": 400}}
-        metered = dict(window(40_000, mode="open", p99=9_000, lag=50), host_stalls=stalls)
-        runs = runs_of(
-            open__health=[window(40_000, mode="open", p99=600, lag=50), metered],
-            closed__health=[dict(window(80_000), host_stalls=stalls)],
-        )
-        rows = summarize.host_stall_rows(runs)
-        self.assertEqual([(label, rep) for label, rep, *_ in rows], [("open/health", 2)])
-        self.assertEqual(rows[0][3]["late_1ms"], 3)
-        self.assertEqual(rows[0][4]["max_us"], 400)
-
     def test_a_target_without_windows_is_not_judged(self):
         rows = summarize.verdicts(defaultdict(list), {})
         self.assertTrue(all(r["met"] is None for r in rows))

@@ -12,10 +12,9 @@ use tracing_subscriber::EnvFilter;
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small buffers, often on different threads (a record built on a
 /// runtime worker is dropped by the checkpoint thread), which the system
-/// allocator serves through contended arenas (`benches/alloc.sh` and
-/// `ab-builds.sh` compare the two).
+/// allocator serves through contended arenas.
 /// The `system-allocator` feature leaves it out, for tools that see only
-/// `malloc` (valgrind's DHAT in `benches/alloc.sh`).
+/// `malloc` (valgrind's DHAT).
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -33,17 +32,10 @@ fn main() -> ExitCode {
 }
 
 /// tokio's multi-thread runtime, without its LIFO slot where the build
-/// allows it (`--cfg tokio_unstable`, set in `.cargo/config.toml`).
-///
-/// With the slot, a task that another task on the same worker wakes runs
-/// next. hyper runs each HTTP/2 stream as its own task, and a stream that
-/// completes its response wakes the connection's task, which then ran at
-/// once and wrote that one response: 0.8 `writev` a request. Without it,
-/// the connection's task runs after the streams that are ready and writes
-/// their responses together (0.03 a request). On a 2-core VM, server CPU a
-/// request went from 9.2 to 6.7 us for a health check and from 10.2 to
-/// 7.4 us for a pure NextAction (`benches/ab-builds.sh` of a build with the
-/// slot against one without; `benches/io-trace.sh` counts the `writev`s).
+/// allows it (`--cfg tokio_unstable`, set in `.cargo/config.toml`): a
+/// connection's task woken by an HTTP/2 stream that completes then runs
+/// after the other streams that are ready, and writes their responses in
+/// one `writev` instead of one each.
 ///
 /// A worker about to park tells the store (`idle`): saves waiting out a
 /// group commit's window are then committed at once (see `RuntimeIdle`).
@@ -89,10 +81,8 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
         );
     }
     // mimalloc asks for transparent huge pages for its arenas; a 2 MiB page
-    // is then zeroed whole when it faults in again after a purge. Without
-    // them, in the durable benchmark, the peak RSS was 134 MiB instead of 150
-    // to 155 and the server CPU a decision 17.2 to 17.9 us instead of 18.5
-    // to 18.9 (`ROUNDS=3 DUR=4 benches/ab-builds.sh` of the two builds).
+    // is then zeroed whole when it faults in again after a purge, which
+    // costs more memory and CPU than 4 KiB pages do.
     #[cfg(target_os = "linux")]
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::warn!(%error, "cannot turn transparent huge pages off");

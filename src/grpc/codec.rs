@@ -21,8 +21,7 @@
 //! bytes, so the 8 KiB buffers only spread each call's bytes over more
 //! memory: a durable decision's response buffer stays allocated until h2
 //! has written it, a group's worth (about 65 at 128 streams) at once after
-//! each fsync. With 1 KiB a call allocates 9.1 KB instead of 23.6
-//! (`benches/alloc.sh pure-next-action`, valgrind's DHAT).
+//! each fsync.
 
 use std::marker::PhantomData;
 

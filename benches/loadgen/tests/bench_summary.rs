@@ -1,15 +1,11 @@
 //! The rules of the benchmark scripts that the figures in BENCHMARKS.md rest
-//! on: the verdicts of the summary (`benches/summarize.py`), the split of
-//! an I/O trace (`benches/io_trace.py`), that of a flame graph's folded
-//! stacks (`benches/flame_split.py`), the reading of callgrind's dumps with
-//! their simulated cache misses (`benches/callgrind_summary.py`), the
-//! allocations a request from two DHAT profiles (`benches/dhat_summary.py`),
-//! the table of every target across runs (`benches/across.py`), the host's
-//! stalls in a window from cyclictest (`benches/host_stalls.py`), the
-//! durable targets' ratios on a slower disk (`benches/slow_disk.py`) and the
-//! PostgreSQL targets' ratios and CPU a decision (`benches/pg_summary.py`). Their Python
-//! tests run here so that `cargo test --workspace` runs every test of the
-//! project.
+//! on: the verdicts of the summary (`benches/summarize.py`), the reading of
+//! callgrind's dumps with their simulated cache misses
+//! (`benches/callgrind_summary.py`), the table of every target across runs
+//! (`benches/across.py`), the PostgreSQL targets' ratios and CPU a decision
+//! (`benches/pg_summary.py`) and the soak's quantiles from the server's
+//! histograms (`benches/soak_summary.py`). Their Python tests run here so that
+//! `cargo test --workspace` runs every test of the project.
 //! Without `python3` each test says it was skipped, and fails under
 //! `CI=true`.
 
@@ -44,16 +40,6 @@ fn benchmark_summary_verdicts() {
 }
 
 #[test]
-fn io_trace_split() {
-    python_tests("test_io_trace.py");
-}
-
-#[test]
-fn flame_graph_split() {
-    python_tests("test_flame_split.py");
-}
-
-#[test]
 fn callgrind_dumps_and_cache_misses() {
     python_tests("test_callgrind_summary.py");
 }
@@ -64,21 +50,11 @@ fn targets_across_runs() {
 }
 
 #[test]
-fn dhat_profiles_per_request() {
-    python_tests("test_dhat_summary.py");
-}
-
-#[test]
-fn host_stalls_from_cyclictest() {
-    python_tests("test_host_stalls.py");
-}
-
-#[test]
-fn durable_ratios_on_a_slower_disk() {
-    python_tests("test_slow_disk.py");
-}
-
-#[test]
 fn postgres_ratios_and_cpu_split() {
     python_tests("test_pg_summary.py");
+}
+
+#[test]
+fn soak_quantiles_from_scrapes() {
+    python_tests("test_soak_summary.py");
 }

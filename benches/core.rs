@@ -68,6 +68,7 @@ fn report(attempt: u32, occurred_at_ms: i64) -> Report<'static> {
         policy: Some(policy()),
         occurred_at_ms: Some(occurred_at_ms),
         workflow_id: "",
+        dependency: "",
     }
 }
 

@@ -48,25 +48,29 @@
 
 mod capacity;
 pub mod config;
+mod dependencies;
 mod fair;
 mod gate;
 mod handle;
 mod layer;
+pub mod pace;
 mod service;
 mod stats;
 mod tenants;
 
 pub use capacity::Capacity;
 pub use config::{BucketConfig, BucketConfigError, BucketMode};
+pub use dependencies::{Dependencies, DependencyCounters, DependencyReport, DependencyStats};
 pub use fair::{Admission, FairShares, Grant};
 pub use gate::{Gate, TenantGate};
 pub use handle::FairBucket;
 pub use layer::RetryTokenLayer;
+pub use pace::{DEFAULT_DEPENDENCY, DependenciesConfig, PaceConfig};
 pub use service::{DEFAULT_TENANT, RetryToken, TENANT_HEADER};
 pub use stats::{BucketStats, TenantStats};
 pub use tenants::OVERFLOW_TENANT;
 
 pub use crate::budget::codes::{
-    GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
-    TENANT_SHARE_EXHAUSTED,
+    DEPENDENCY_BUDGET_EXHAUSTED, GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT,
+    TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED,
 };

@@ -219,6 +219,21 @@ pub struct ServeArgs {
     /// Tokens each RecordSuccess adds back [bucket.success_deposit].
     #[arg(long)]
     pub success_deposit: Option<f64>,
+    /// Retries a second each dependency may take per success a second
+    /// [dependencies.ratio].
+    #[arg(long)]
+    pub dependency_ratio: Option<f64>,
+    /// Retries a second each dependency may take whatever its successes
+    /// [dependencies.floor].
+    #[arg(long)]
+    pub dependency_floor: Option<f64>,
+    /// Retries a second no dependency exceeds [dependencies.ceiling].
+    #[arg(long)]
+    pub dependency_ceiling: Option<f64>,
+    /// A static rate, retries a second, for every dependency not named in
+    /// the file, instead of the adaptive rule [dependencies.rate].
+    #[arg(long)]
+    pub dependency_rate: Option<f64>,
     /// A tenant's fair-share weight, as NAME=WEIGHT (repeatable)
     /// [bucket.weights].
     #[arg(long = "tenant-weight", value_parser = parse_weight)]
@@ -311,6 +326,7 @@ impl ServeArgs {
             store,
             policy,
             bucket,
+            dependencies,
             hints,
             coordination,
             metrics,
@@ -366,6 +382,15 @@ impl ServeArgs {
         set(&mut bucket.burst, &self.retry_burst);
         set(&mut bucket.success_deposit, &self.success_deposit);
         set(&mut bucket.mode, &self.bucket_mode);
+        let pace = &mut dependencies.default;
+        set(&mut pace.ratio, &self.dependency_ratio);
+        set(&mut pace.floor, &self.dependency_floor);
+        if self.dependency_ceiling.is_some() {
+            pace.ceiling = self.dependency_ceiling;
+        }
+        if self.dependency_rate.is_some() {
+            pace.rate = self.dependency_rate;
+        }
         set(
             &mut hints.max_hint_seconds,
             &self.max_hint.map(|d| d.as_secs()),

@@ -50,6 +50,15 @@
 //! checkout = 3
 //! batch = 1
 //!
+//! [dependencies]          # each dependency's budget, inside [bucket]
+//! ratio = 0.1              # retries a second per success a second
+//! floor = 1.0              # retries a second always allowed (probes)
+//! # ceiling = 50.0         # never more (default: only [bucket] rate)
+//! # rate = 20.0            # a static rate instead of the adaptive rule
+//! window = "5s"            # successes are counted over this
+//! [dependencies.named.payments-api]
+//! ratio = 0.2
+//!
 //! [hints]
 //! max_hint_seconds = 600   # a server's Retry-After is capped at this
 //!
@@ -87,7 +96,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::AuthConfig;
-use crate::bucket::BucketConfig;
+use crate::bucket::{BucketConfig, DependenciesConfig};
 use crate::budget::activity::Policy;
 use crate::budget::classify::{RuleSet, RuleSpec};
 use crate::budget::codes;
@@ -111,6 +120,9 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// `[bucket]`: the global retry-token bucket.
     pub bucket: BucketConfig,
+    /// `[dependencies]`: each dependency's budget inside the global one,
+    /// paced by its successes.
+    pub dependencies: DependenciesConfig,
     /// `[hints]`: how server hints are planned with.
     pub hints: HintsConfig,
     /// `[coordination]`: how replicas on one PostgreSQL database share the
@@ -309,6 +321,12 @@ impl Config {
             key: "bucket",
             message: e.to_string(),
         })?;
+        self.dependencies
+            .validate()
+            .map_err(|e| ConfigError::Value {
+                key: "dependencies",
+                message: e.to_string(),
+            })?;
         // A KiB holds every bounded field of the largest request (two
         // 256-byte ids); past 16 MiB one call could hold what a replica's
         // whole journal backlog does.

@@ -80,7 +80,7 @@ fn lost_race(error: &LedgerError) -> bool {
 /// fewer retries, never more.
 struct Remembered<G> {
     gate: Option<G>,
-    answer: Option<crate::budget::token::Admission>,
+    answer: Option<crate::budget::token::Answer>,
 }
 
 impl<G> Remembered<G> {
@@ -93,13 +93,13 @@ impl<G> Remembered<G> {
 }
 
 impl<G: TokenGate> TokenGate for &mut Remembered<G> {
-    fn take(self, max_wait: std::time::Duration) -> crate::budget::token::Admission {
+    fn take(self, max_wait: std::time::Duration) -> crate::budget::token::Answer {
         if let Some(answer) = self.answer {
             return answer;
         }
         let answer = match Option::take(&mut self.gate) {
             Some(gate) => gate.take(max_wait),
-            None => crate::budget::token::Admission::Granted,
+            None => crate::budget::token::Admission::Granted.into(),
         };
         self.answer = Some(answer);
         answer
@@ -384,6 +384,7 @@ pub(crate) mod tests {
             policy: None,
             occurred_at_ms: Some(NOW),
             workflow_id: "wf",
+            dependency: "",
         }
     }
 

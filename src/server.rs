@@ -165,7 +165,7 @@ async fn serve_with<S: Store>(
     )?));
     let auth = Arc::new(Authenticator::new(&config.auth).map_err(ServerError::Auth)?);
     let ledger = Arc::new(Ledger::new(store, defaults));
-    let bucket = FairBucket::new(&config.bucket)?;
+    let bucket = FairBucket::with_dependencies(&config.bucket, config.dependencies.clone())?;
     let draining = Draining::default();
     let replica = config.coordination.clone().resolved();
     // Refused before anything starts that would need stopping.

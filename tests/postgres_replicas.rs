@@ -55,6 +55,7 @@ fn failure(attempt: u32) -> Report<'static> {
         policy: None,
         occurred_at_ms: Some(NOW + i64::from(attempt)),
         workflow_id: "wf",
+        dependency: "",
     }
 }
 

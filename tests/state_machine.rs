@@ -181,6 +181,7 @@ fn apply(record: Option<&ActivityRecord>, step: &Abs) -> Outcome {
                 policy: *policy,
                 occurred_at_ms: *occurred_at_ms,
                 workflow_id: "wf-1",
+                dependency: "",
             };
             match activity::plan(record.cloned(), &key(), &report, &defaults(), *now) {
                 Err(e) => Outcome::Refused(e),
@@ -423,6 +424,7 @@ fn check_replays(record: &ActivityRecord, model: &Model, now: i64) {
                 }),
                 occurred_at_ms: Some(at),
                 workflow_id: "another",
+                dependency: "",
             };
             match activity::plan(Some(record.clone()), &key(), &report, &defaults(), at) {
                 Ok(Plan::Replay(replay)) => {

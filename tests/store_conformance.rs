@@ -47,6 +47,7 @@ fn record(k: &ActivityKey, class: ErrorClass, deadline_seconds: u64) -> Activity
         policy: None,
         occurred_at_ms: Some(NOW),
         workflow_id: "wf",
+        dependency: "",
     };
     match plan(None, k, &report, &defaults, NOW).expect("valid report") {
         Plan::Fresh(draft) => draft.finish().0,
@@ -68,6 +69,7 @@ fn next_failure(prev: &ActivityRecord) -> ActivityRecord {
         policy: None,
         occurred_at_ms: Some(NOW + 1),
         workflow_id: "wf",
+        dependency: "",
     };
     match plan(Some(prev.clone()), &prev.key(), &report, &defaults, NOW + 1).expect("valid report")
     {

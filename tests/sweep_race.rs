@@ -74,6 +74,7 @@ fn failure(attempt: u32, occurred_at_ms: Option<i64>) -> Report<'static> {
         policy: None,
         occurred_at_ms,
         workflow_id: "wf",
+        dependency: "",
     }
 }
 

@@ -10,9 +10,8 @@
 
 use std::time::Duration;
 
-use super::fair::Admission;
 use super::handle::FairBucket;
-use crate::budget::token::TokenGate;
+use crate::budget::token::{Answer, TokenGate};
 
 /// The bucket a request's decision asks, put in its extensions by the
 /// token layer. Cloning shares the bucket.
@@ -27,12 +26,19 @@ impl Gate {
         Self { bucket }
     }
 
-    /// The gate a decision of `tenant` asks.
-    pub fn tenant<'a>(&'a self, tenant: &'a str) -> TenantGate<'a> {
+    /// The gate a decision of `tenant` about a failed call to
+    /// `dependency` (empty: the default one) asks.
+    pub fn tenant<'a>(&'a self, tenant: &'a str, dependency: &'a str) -> TenantGate<'a> {
         TenantGate {
             bucket: &self.bucket,
             tenant,
+            dependency,
         }
+    }
+
+    /// The bucket behind the gate.
+    pub fn bucket(&self) -> &FairBucket {
+        &self.bucket
     }
 }
 
@@ -41,38 +47,53 @@ impl Gate {
 pub struct TenantGate<'a> {
     bucket: &'a FairBucket,
     tenant: &'a str,
+    dependency: &'a str,
 }
 
 impl TokenGate for TenantGate<'_> {
-    /// A token now, or the tenant's next slot booked if it comes within
-    /// `max_wait` ([`FairBucket::admit_within`]).
-    fn take(self, max_wait: Duration) -> Admission {
-        self.bucket.admit_within(self.tenant, max_wait)
+    /// A token now from the dependency's budget and the global one, or the
+    /// later of their slots booked if it comes within `max_wait`
+    /// ([`FairBucket::admit_to`]).
+    fn take(self, max_wait: Duration) -> Answer {
+        self.bucket.admit_to(self.tenant, self.dependency, max_wait)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::BucketConfig;
+    use crate::bucket::{Admission, BucketConfig, DependenciesConfig, PaceConfig};
 
     #[tokio::test(start_paused = true)]
     async fn a_gate_takes_only_when_asked_and_then_once() {
-        let bucket = FairBucket::new(&BucketConfig {
-            rate: 10.0,
-            burst: 1,
-            ..BucketConfig::default()
-        })
+        let pinned = DependenciesConfig {
+            default: PaceConfig {
+                rate: Some(1000.0),
+                ..PaceConfig::default()
+            },
+            ..DependenciesConfig::default()
+        };
+        let bucket = FairBucket::with_dependencies(
+            &BucketConfig {
+                rate: 10.0,
+                burst: 1,
+                ..BucketConfig::default()
+            },
+            pinned,
+        )
         .unwrap();
         let gate = Gate::new(bucket.clone());
         let _unused = gate.clone();
         assert_eq!(bucket.stats().granted, 0, "nothing taken up front");
-        assert_eq!(gate.tenant("a").take(Duration::MAX), Admission::Granted);
+        assert_eq!(
+            gate.tenant("a", "").take(Duration::MAX).admission,
+            Admission::Granted
+        );
         let stats = bucket.stats();
         assert_eq!((stats.granted, stats.level), (1, 0.0));
         // The bucket is empty: the next retry is deferred to a booked slot.
         assert!(matches!(
-            gate.tenant("a").take(Duration::MAX),
+            gate.tenant("a", "").take(Duration::MAX).admission,
             Admission::Deferred { .. }
         ));
     }

@@ -24,8 +24,11 @@ use super::capacity::Capacity;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::config::{BucketConfig, BucketConfigError, BucketMode};
+use super::dependencies::{Dependencies, DependencyReport, DependencyStats};
 use super::fair::{Admission, FairShares};
+use super::pace::DependenciesConfig;
 use super::stats::{BucketStats, Counters, TenantStats};
+use crate::budget::token::{Answer, Pace};
 
 /// The shared retry-token bucket. Clones share one bucket.
 #[derive(Clone)]
@@ -36,7 +39,7 @@ pub struct FairBucket {
 
 struct Shared {
     /// The algorithm's state.
-    shares: Mutex<FairShares>,
+    shares: Mutex<State>,
     /// Time zero of the algorithm's clock.
     epoch: Instant,
     /// Counters for metrics, outside the lock.
@@ -45,15 +48,52 @@ struct Shared {
     shadow: AtomicBool,
 }
 
+/// The global bucket and the dependencies' budgets nested in it, under
+/// one lock: a retry asks both in one step.
+struct State {
+    global: FairShares,
+    dependencies: Dependencies,
+}
+
+impl std::ops::Deref for State {
+    type Target = FairShares;
+
+    fn deref(&self) -> &FairShares {
+        &self.global
+    }
+}
+
+impl std::ops::DerefMut for State {
+    fn deref_mut(&mut self) -> &mut FairShares {
+        &mut self.global
+    }
+}
+
 impl FairBucket {
-    /// A full bucket, its clock starting now.
+    /// A full bucket with the default dependency budgets, its clock
+    /// starting now.
     ///
     /// # Errors
     /// The [`BucketConfigError`] of an invalid configuration.
     pub fn new(config: &BucketConfig) -> Result<Self, BucketConfigError> {
+        Self::with_dependencies(config, DependenciesConfig::default())
+    }
+
+    /// A full bucket, with `dependencies` paced inside it, its clock
+    /// starting now.
+    ///
+    /// # Errors
+    /// The [`BucketConfigError`] of an invalid configuration.
+    pub fn with_dependencies(
+        config: &BucketConfig,
+        dependencies: DependenciesConfig,
+    ) -> Result<Self, BucketConfigError> {
         Ok(Self {
             shared: Arc::new(Shared {
-                shares: Mutex::new(FairShares::new(config)?),
+                shares: Mutex::new(State {
+                    global: FairShares::new(config)?,
+                    dependencies: Dependencies::new(dependencies, config)?,
+                }),
                 epoch: Instant::now(),
                 counters: Counters::default(),
                 shadow: AtomicBool::new(config.mode == BucketMode::Shadow),
@@ -84,6 +124,84 @@ impl FairBucket {
             return admission.shadowed();
         }
         admission
+    }
+
+    /// A token for `tenant`'s retry to `dependency` (empty: the default
+    /// one) from the dependency's budget and the global one, now, or the
+    /// later of their slots booked if it comes within `max_wait`
+    /// ([`Dependencies::admit`]).
+    pub fn admit_to(&self, tenant: &str, dependency: &str, max_wait: Duration) -> Answer {
+        let mut answer = {
+            let mut state = self.lock();
+            let State {
+                global,
+                dependencies,
+            } = &mut *state;
+            dependencies.admit(global, tenant, dependency, self.now(), max_wait)
+        };
+        self.shared.counters.admission(&answer.admission);
+        if self.shared.shadow.load(Ordering::Relaxed) {
+            answer.admission = answer.admission.shadowed();
+        }
+        answer
+    }
+
+    /// Counts a worker's calls to `dependency` since its last report, and
+    /// how they went; returns the dependency's pace after it.
+    pub fn count_traffic(
+        &self,
+        dependency: &str,
+        calls: u64,
+        successes: u64,
+        failures: u64,
+    ) -> DependencyStats {
+        let now = self.now();
+        let mut state = self.lock();
+        state
+            .dependencies
+            .count(dependency, now, calls, successes, failures);
+        state.dependencies.stats_of(dependency, now)
+    }
+
+    /// Every tracked dependency's pace and counters.
+    pub fn dependencies(&self) -> Vec<DependencyStats> {
+        let now = self.now();
+        self.lock().dependencies.stats(now)
+    }
+
+    /// Each dependency's successes and demand since the last call, reset:
+    /// what a replica publishes (see [`FairBucket::take_demand`]).
+    pub fn take_dependency_reports(&self) -> Vec<DependencyReport> {
+        self.lock().dependencies.take_reports()
+    }
+
+    /// Sets `dependency`'s fleet-wide pace and this replica's part of it.
+    pub fn set_dependency_grant(&self, dependency: &str, pace: Pace, capacity: &Capacity) {
+        let now = self.now();
+        self.lock()
+            .dependencies
+            .set_grant(dependency, pace, capacity, now);
+    }
+
+    /// The capacity of `dependency`'s bucket at `rate` (its burst from its
+    /// pace configuration, the global bucket's tenants and horizon).
+    pub fn dependency_capacity(&self, dependency: &str, rate: f64) -> Capacity {
+        self.lock().dependencies.capacity(dependency, rate)
+    }
+
+    /// Every dependency paced by its local window again.
+    pub fn uncoordinate_dependencies(&self) {
+        self.lock().dependencies.uncoordinate();
+    }
+
+    /// The dependencies' configuration in force.
+    pub fn dependencies_config(&self) -> DependenciesConfig {
+        self.lock().dependencies.config().clone()
+    }
+
+    /// A reloaded dependencies configuration, from now on.
+    pub fn set_dependencies(&self, config: DependenciesConfig, template: &BucketConfig) {
+        self.lock().dependencies.reconfigure(config, template);
     }
 
     /// Sets the tokens each recorded success deposits from now on.
@@ -161,7 +279,7 @@ impl FairBucket {
     /// The state. A panic while it was held cannot leave it half-changed
     /// (the algorithm has no panicking path between two writes), so a
     /// poisoned lock is taken as it is.
-    fn lock(&self) -> MutexGuard<'_, FairShares> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.shared
             .shares
             .lock()

@@ -28,10 +28,11 @@ use super::action::{Action, Budget, ErrorClass};
 use super::codes;
 use super::decision::{Deadline, Failure, RetryPlan, decide, exceed, settle};
 use super::hint::RawHints;
-use super::token::{Admission, TokenGate};
+use super::token::{Answer, TokenGate};
 
 pub use super::error::{
-    BudgetError, ErrorKind, MAX_ID_BYTES, validate_activity_id, validate_workflow_id,
+    BudgetError, ErrorKind, MAX_DEPENDENCY_BYTES, MAX_ID_BYTES, validate_activity_id,
+    validate_dependency, validate_workflow_id,
 };
 pub use super::record::{
     ActivityKey, ActivityRecord, Event, EventKind, Policy, Reservation, Status,
@@ -56,6 +57,9 @@ pub struct Report<'a> {
     pub occurred_at_ms: Option<i64>,
     /// The workflow, recorded on the first report.
     pub workflow_id: &'a str,
+    /// The dependency the failed call went to; empty for the default one.
+    /// Its budget and the global one pay for a retry.
+    pub dependency: &'a str,
 }
 
 /// What [`plan`] found.
@@ -110,16 +114,16 @@ impl Draft {
     /// comes too late. A gate not asked gives its token back when dropped.
     pub fn take_token(&mut self, gate: impl TokenGate, now_ms: i64) {
         if self.wants_token() {
-            let admission = gate.take(self.max_wait(now_ms));
-            self.settle(admission, now_ms);
+            let answer = gate.take(self.max_wait(now_ms));
+            self.settle(answer, now_ms);
         }
     }
 
     /// Applies the bucket's answer for this retry (see
     /// [`decision::settle`](super::decision::settle)).
-    pub fn settle(&mut self, admission: Admission, now_ms: i64) {
+    pub fn settle(&mut self, answer: impl Into<Answer>, now_ms: i64) {
         let deadline = self.deadline();
-        self.booked = settle(&mut self.event, admission, now_ms, Some(deadline));
+        self.booked = settle(&mut self.event, answer, now_ms, Some(deadline));
     }
 
     /// How long a booked slot may be from `now_ms` and still leave the
@@ -310,6 +314,7 @@ pub fn plan(
         now_ms,
     )?;
     event.occurred_at_stamped = report.occurred_at_ms.is_none();
+    event.dependency = (!report.dependency.is_empty()).then(|| report.dependency.to_owned());
     if reserved
         && event.action == Some(Action::ScheduleRetry)
         && let Some(planned) = event.not_before_ms
@@ -452,6 +457,7 @@ fn transition(
         defer_reason: None,
         rule: None,
         hint: None,
+        dependency: None,
         recorded_at_ms: now_ms,
     })
 }

@@ -32,6 +32,14 @@ pub const TENANT_SHARE_EXHAUSTED: &str = "tenant_share_exhausted";
 /// Deferral reason: the whole bucket is empty (a lone tenant's slot is
 /// booked), or it has promised as far ahead as it may (nothing is booked).
 pub const GLOBAL_CAPACITY_EXHAUSTED: &str = "global_capacity_exhausted";
+/// Deferral reason: the dependency the failed call went to has used the
+/// retries its pace allows (a share of its successes, or its floor); a
+/// slot of its budget is booked, or nothing when it has promised as far
+/// ahead as it may.
+pub const DEPENDENCY_BUDGET_EXHAUSTED: &str = "dependency_budget_exhausted";
+/// A dependency name that is too long or has characters outside printable
+/// ASCII.
+pub const INVALID_DEPENDENCY: &str = "invalid_dependency";
 /// Deferral reason: the tenant already has slots booked up to the
 /// reservation horizon; nothing is booked, ask again later.
 pub const TENANT_BACKLOG_FULL: &str = "tenant_backlog_full";
@@ -182,7 +190,9 @@ pub const ALL: &[&str] = &[
     TENANT_SHARE_EXHAUSTED,
     GLOBAL_CAPACITY_EXHAUSTED,
     TENANT_BACKLOG_FULL,
+    DEPENDENCY_BUDGET_EXHAUSTED,
     RESERVATION_PAST_MAX_WAIT,
+    INVALID_DEPENDENCY,
     ATTEMPT_MUST_BE_POSITIVE,
     UNKNOWN_ERROR_CLASS,
     EMPTY_ACTIVITY_ID,

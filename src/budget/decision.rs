@@ -17,7 +17,7 @@ use super::delay::{DelayParams, retry_delay};
 use super::error::{BudgetError, validate_activity_id};
 use super::hint::{GRPC_PUSHBACK_DO_NOT_RETRY, Hint, RawHints, normalize};
 use super::record::{Event, EventKind};
-use super::token::{Admission, TokenGate};
+use super::token::{Admission, Answer, TokenGate};
 
 /// A failed attempt as reported, whichever form of `NextAction` carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +147,7 @@ pub fn decide(
         defer_reason: None,
         rule: failure.rule.map(str::to_owned),
         hint,
+        dependency: None,
         recorded_at_ms: now_ms,
     };
     let mut action = next_action(budget, failure.class);
@@ -204,10 +205,11 @@ pub fn decide(
 /// Returns whether a slot is booked for the activity.
 pub fn settle(
     event: &mut Event,
-    admission: Admission,
+    answer: impl Into<Answer>,
     now_ms: i64,
     deadline: Option<Deadline>,
 ) -> bool {
+    let Answer { admission, pace } = answer.into();
     let (wait, reason, booked) = match admission {
         Admission::Granted => {
             event.token_taken = true;
@@ -218,8 +220,9 @@ pub fn settle(
         Admission::WouldDefer { reason } => {
             event.defer_reason = Some(reason.to_owned());
             event.reason = format!(
-                "{}; shadow mode: the bucket would have deferred it ({reason})",
-                event.reason
+                "{}; shadow mode: the bucket would have deferred it ({})",
+                event.reason,
+                whose(event, reason, pace)
             );
             return false;
         }
@@ -240,7 +243,10 @@ pub fn settle(
         && (reason == codes::RESERVATION_PAST_MAX_WAIT
             || not_before > deadline.latest_deferral_ms())
     {
-        let why = format!("retry capacity is exhausted ({reason}) until");
+        let why = format!(
+            "retry capacity is exhausted ({}) until",
+            whose(event, reason, pace)
+        );
         exceed(event, deadline, not_before, &why);
         return false;
     }
@@ -268,11 +274,29 @@ pub fn settle(
         _ => format!("{what} {} from now", seconds(wait_ms)),
     };
     event.reason = format!(
-        "retry capacity is exhausted ({reason}); {when}: report attempt {} again then",
+        "retry capacity is exhausted ({}); {when}: report attempt {} again then",
+        whose(event, reason, pace),
         event.attempt
     );
     event.not_before_ms = Some(not_before);
     booked
+}
+
+/// Whose budget ran out, for people: the stable reason, and, when the
+/// dependency's budget decided, the dependency and its pace in numbers
+/// ("dependency_budget_exhausted: payments-api: 3.2 retries/s allowed (10%
+/// of 32 successes/s), none free").
+fn whose(event: &Event, reason: &str, pace: Option<super::token::Pace>) -> String {
+    match pace {
+        Some(pace) => format!(
+            "{reason}: {}: {pace}, none free",
+            event
+                .dependency
+                .as_deref()
+                .unwrap_or(super::token::DEFAULT_DEPENDENCY)
+        ),
+        None => reason.to_owned(),
+    }
 }
 
 /// The pure form of `NextAction`: a failed attempt decided on the budget as
@@ -287,6 +311,8 @@ pub struct PureReport<'a> {
     pub activity_id: &'a str,
     /// Backoff base and cap for that delay.
     pub params: DelayParams,
+    /// The dependency the failed call went to; empty for the default one.
+    pub dependency: &'a str,
 }
 
 /// Decides the pure form: the reference `next_action` on the budget as
@@ -323,6 +349,7 @@ pub fn decide_pure(
         max_hint_ms,
         now_ms,
     )?;
+    event.dependency = (!report.dependency.is_empty()).then(|| report.dependency.to_owned());
     if event.action == Some(Action::ScheduleRetry)
         && let Some(gate) = gate
     {

@@ -57,6 +57,12 @@ pub enum BudgetError {
         codes::INVALID_WORKFLOW_ID
     )]
     InvalidWorkflowId,
+    /// A dependency name that is too long or not printable ASCII.
+    #[error(
+        "{}: dependency must be empty (the default) or 1 to {MAX_DEPENDENCY_BYTES} printable ASCII characters without spaces",
+        codes::INVALID_DEPENDENCY
+    )]
+    InvalidDependency,
     /// A timestamp outside `google.protobuf.Timestamp`'s range.
     #[error(
         "{}: {field} {{seconds: {seconds}, nanos: {nanos}}} is not a valid Timestamp \
@@ -179,6 +185,7 @@ impl BudgetError {
             Self::ActivityIdControlCharacter { .. } => codes::ACTIVITY_ID_CONTROL_CHARACTER,
             Self::InvalidTenant => codes::INVALID_TENANT,
             Self::InvalidWorkflowId => codes::INVALID_WORKFLOW_ID,
+            Self::InvalidDependency => codes::INVALID_DEPENDENCY,
             Self::InvalidTimestamp { .. } => codes::INVALID_TIMESTAMP,
             Self::TimestampImplausible { .. } => codes::TIMESTAMP_IMPLAUSIBLE,
             Self::OccurredBeforeStart { .. } => codes::OCCURRED_BEFORE_START,
@@ -229,6 +236,10 @@ impl BudgetError {
             Self::InvalidWorkflowId => {
                 vec![field("workflow_id"), ("limit", MAX_ID_BYTES.to_string())]
             }
+            Self::InvalidDependency => vec![
+                field("dependency"),
+                ("limit", MAX_DEPENDENCY_BYTES.to_string()),
+            ],
             Self::InvalidTimestamp {
                 field: name,
                 seconds,
@@ -313,6 +324,21 @@ pub fn validate_activity_id(id: &str) -> Result<(), BudgetError> {
 pub fn validate_workflow_id(id: &str) -> Result<(), BudgetError> {
     if id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
         return Err(BudgetError::InvalidWorkflowId);
+    }
+    Ok(())
+}
+
+/// Longest dependency name, bytes.
+pub const MAX_DEPENDENCY_BYTES: usize = 64;
+
+/// Checks a dependency name: empty (the default dependency) or 1 to
+/// [`MAX_DEPENDENCY_BYTES`] printable ASCII characters without spaces.
+///
+/// # Errors
+/// [`BudgetError::InvalidDependency`].
+pub fn validate_dependency(name: &str) -> Result<(), BudgetError> {
+    if name.len() > MAX_DEPENDENCY_BYTES || !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(BudgetError::InvalidDependency);
     }
     Ok(())
 }

@@ -146,6 +146,10 @@ pub struct Event {
     /// The server's hints, normalised, when the report carried any.
     #[serde(default)]
     pub hint: Option<Hint>,
+    /// The dependency the failed call went to, when the report named one
+    /// (decisions only; `None` is the default dependency).
+    #[serde(default)]
+    pub dependency: Option<String>,
     /// When the service recorded it, unix milliseconds (audit only).
     pub recorded_at_ms: i64,
 }

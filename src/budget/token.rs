@@ -64,19 +64,69 @@ impl Admission {
     }
 }
 
-/// Hands out global retry tokens. Asked at most once per decision, and only
-/// for a fresh retry; a gate dropped unused gives its token back.
+/// The dependency of a report that names none.
+pub const DEFAULT_DEPENDENCY: &str = "default";
+
+/// Which part of a dependency's pace rule set its allowed rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PaceRule {
+    /// A share of its successes.
+    Ratio,
+    /// Its floor: the share of its successes was less.
+    Floor,
+    /// Its ceiling: the share of its successes was more.
+    Ceiling,
+    /// A static rate pinned by the configuration.
+    Static,
+}
+
+/// A dependency's retry budget as it stood when a retry asked it: what the
+/// decision's explanation quotes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    /// Retries a second allowed to the dependency (fleet-wide on
+    /// PostgreSQL).
+    pub allowed: f64,
+    /// Its successes a second over its window (fleet-wide on PostgreSQL).
+    pub successes: f64,
+    /// The share of successes its rule allows as retries.
+    pub ratio: f64,
+    /// What set `allowed`.
+    pub rule: PaceRule,
+}
+
+/// A gate's answer: the admission, and the pace of the dependency when its
+/// budget, not the global one, deferred or refused the retry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Answer {
+    /// Granted, deferred, refused, or let through by shadow mode.
+    pub admission: Admission,
+    /// The dependency's pace, when its budget deferred or refused.
+    pub pace: Option<Pace>,
+}
+
+impl From<Admission> for Answer {
+    fn from(admission: Admission) -> Self {
+        Self {
+            admission,
+            pace: None,
+        }
+    }
+}
+
+/// Hands out retry tokens: the dependency's and the global one. Asked at
+/// most once per decision, and only for a fresh retry.
 pub trait TokenGate {
     /// Takes a token for a retry now, or books a slot at most `max_wait`
     /// later (the time left before the activity's deadline).
-    fn take(self, max_wait: Duration) -> Admission;
+    fn take(self, max_wait: Duration) -> Answer;
 }
 
 /// No gate (no token layer in front of the service): every retry is
 /// granted.
 impl<G: TokenGate> TokenGate for Option<G> {
-    fn take(self, max_wait: Duration) -> Admission {
-        self.map_or(Admission::Granted, |gate| gate.take(max_wait))
+    fn take(self, max_wait: Duration) -> Answer {
+        self.map_or(Admission::Granted.into(), |gate| gate.take(max_wait))
     }
 }
 
@@ -85,7 +135,7 @@ impl<G: TokenGate> TokenGate for Option<G> {
 pub struct Unlimited;
 
 impl TokenGate for Unlimited {
-    fn take(self, _max_wait: Duration) -> Admission {
-        Admission::Granted
+    fn take(self, _max_wait: Duration) -> Answer {
+        Admission::Granted.into()
     }
 }

@@ -140,6 +140,7 @@ requests!(
     RecordSuccessRequest,
     ResolveActivityRequest,
     GetActivityRequest,
+    ReportTrafficRequest,
 );
 responses!(
     RetryDelayResponse,
@@ -147,4 +148,5 @@ responses!(
     RecordSuccessResponse,
     ResolveActivityResponse,
     Activity,
+    ReportTrafficResponse,
 );

@@ -12,6 +12,7 @@ use crate::budget::activity::{
 use crate::budget::classify::{Failure, NetworkFailure, Reach, Safety};
 use crate::budget::hint::{Hint, RawHints, RetryInfoDelay};
 use crate::budget::timestamp::{self, TimeBounds};
+use crate::budget::token::DEFAULT_DEPENDENCY;
 use crate::budget::{Action, ErrorClass};
 use crate::ledger::Decided;
 
@@ -200,7 +201,18 @@ impl From<&Event> for pb::ActivityEvent {
             defer_reason: e.defer_reason.clone().unwrap_or_default(),
             rule: e.rule.clone().unwrap_or_default(),
             hint: e.hint.as_ref().map(pb::ServerHint::from),
+            dependency: dependency_of(e),
         }
+    }
+}
+
+/// The dependency a decision names, "default" when its report named none;
+/// empty for other events.
+fn dependency_of(e: &Event) -> String {
+    match (&e.dependency, e.kind) {
+        (Some(name), _) => name.clone(),
+        (None, EventKind::Decision) => DEFAULT_DEPENDENCY.to_owned(),
+        (None, _) => String::new(),
     }
 }
 
@@ -234,6 +246,7 @@ pub(super) fn decision(e: Event, replayed: bool, dry_run: bool) -> pb::NextActio
     let token_taken = e.taken_by_this_call(replayed, dry_run);
     let slot_booked = e.slot_booked_for_caller(dry_run);
     pb::NextActionResponse {
+        dependency: dependency_of(&e),
         action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
         code: e.code,
         delay_seconds: e.delay_seconds,
@@ -271,6 +284,31 @@ pub(super) fn durable_decision(d: Decided, dry_run: bool) -> pb::NextActionRespo
             d.replayed,
             dry_run,
         )
+    }
+}
+
+/// A dependency's pace as `ReportTraffic` answers it.
+pub(super) fn pace(d: crate::bucket::DependencyStats) -> pb::DependencyPace {
+    use crate::budget::token::PaceRule;
+    pb::DependencyPace {
+        explanation: d.pace.to_string(),
+        dependency: d.name,
+        allowed_rate: d.pace.allowed,
+        success_rate: d.pace.successes,
+        ratio: d.pace.ratio,
+        rule: match d.pace.rule {
+            PaceRule::Ratio => "ratio",
+            PaceRule::Floor => "floor",
+            PaceRule::Ceiling => "ceiling",
+            PaceRule::Static => "static",
+        }
+        .to_owned(),
+        replica_rate: d.local_rate,
+        calls: d.counters.calls,
+        successes: d.counters.successes,
+        failures: d.counters.failures,
+        retries_admitted: d.counters.admitted,
+        retries_deferred: d.counters.deferred,
     }
 }
 

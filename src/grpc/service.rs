@@ -12,7 +12,8 @@ use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
 use crate::bucket::{FairBucket, Gate, TenantGate};
 use crate::budget::activity::{
-    ActivityKey, BudgetError, Policy, Report, validate_activity_id, validate_workflow_id,
+    ActivityKey, BudgetError, Policy, Report, validate_activity_id, validate_dependency,
+    validate_workflow_id,
 };
 use crate::budget::classify::RuleSet;
 use crate::budget::decision::{Failure, PureReport, decide_pure};
@@ -177,6 +178,7 @@ impl<S: Store> RetryBudgetService<S> {
             params: req
                 .policy
                 .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params()),
+            dependency: &req.dependency,
         };
         let gate = (!req.dry_run).then_some(gate);
         let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now)?;
@@ -231,6 +233,7 @@ impl<S: Store> RetryBudgetService<S> {
             policy: req.policy.map(Into::into),
             occurred_at_ms,
             workflow_id: &req.workflow_id,
+            dependency: &req.dependency,
         })
     }
 }
@@ -300,8 +303,9 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         let gate = request.extensions_mut().remove::<Gate>();
         // Read once, as the authentication layer resolved it.
         let tenant = convert::tenant(request.extensions(), request.metadata())?;
-        let gate = gate.as_ref().map(|g| g.tenant(tenant));
         let req = request.get_ref();
+        validate_dependency(&req.dependency)?;
+        let gate = gate.as_ref().map(|g| g.tenant(tenant, &req.dependency));
         let response = match &req.budget {
             Some(budget) => self.next_action_pure(tenant, gate, budget, req)?,
             None => self.next_action_durable(tenant, gate, req).await?,
@@ -327,17 +331,21 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             now,
             &self.time_bounds,
         )?;
+        let dependency = &request.get_ref().dependency;
+        validate_dependency(dependency)?;
         let key = key(&request, request.get_ref().activity_id.clone())?;
         let outcome = self
             .ledger
             .record_success(&key, occurred_at_ms, now)
             .await?;
-        // A success earns retry capacity once: a repeated RecordSuccess of a
-        // closed activity deposits nothing.
-        if outcome != SuccessOutcome::AlreadyClosed
-            && let Some(bucket) = &self.bucket
-        {
-            bucket.deposit_success();
+        if let Some(bucket) = &self.bucket {
+            // Every success call counts towards its dependency's pace...
+            bucket.count_traffic(dependency, 1, 1, 0);
+            // ...but earns global capacity once: a repeated RecordSuccess
+            // of a closed activity deposits nothing.
+            if outcome != SuccessOutcome::AlreadyClosed {
+                bucket.deposit_success();
+            }
         }
         let (status, changed) = match outcome {
             SuccessOutcome::Unknown => (pb::ActivityStatus::Unspecified, false),
@@ -364,6 +372,31 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             .await?;
         Ok(Response::new(pb::ResolveActivityResponse {
             status: convert::status_to_pb(status) as i32,
+        }))
+    }
+
+    async fn report_traffic(
+        &self,
+        request: Request<pb::ReportTrafficRequest>,
+    ) -> Result<Response<pb::ReportTrafficResponse>, Status> {
+        self.draining.check()?;
+        let req = request.into_inner();
+        for traffic in &req.dependencies {
+            validate_dependency(&traffic.dependency)?;
+        }
+        let Some(bucket) = &self.bucket else {
+            return Ok(Response::new(pb::ReportTrafficResponse::default()));
+        };
+        let dependencies = if req.dependencies.is_empty() {
+            bucket.dependencies()
+        } else {
+            req.dependencies
+                .iter()
+                .map(|t| bucket.count_traffic(&t.dependency, t.calls, t.successes, t.failures))
+                .collect()
+        };
+        Ok(Response::new(pb::ReportTrafficResponse {
+            dependencies: dependencies.into_iter().map(convert::pace).collect(),
         }))
     }
 

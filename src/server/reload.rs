@@ -2,6 +2,7 @@
 //! read configuration, and the settings that can change while serving do.
 //!
 //! Reloadable: the bucket's rate, burst, weights, success deposit and mode;
+//! each dependency's pace (`[dependencies]`, from its next second on);
 //! the classification rules; the hint bound; the API keys (the keys file is
 //! read again, so keys rotate without a restart); the TLS certificate, key
 //! and client CA (read again even when the configuration did not change;
@@ -79,6 +80,8 @@ impl<S: Store> Reloadable<'_, S> {
                 .bucket
                 .set_capacity(&Capacity::from_config(&new.bucket)),
         }
+        self.bucket
+            .set_dependencies(new.dependencies.clone(), &new.bucket);
         self.bucket.set_success_deposit(new.bucket.success_deposit);
         self.bucket.set_mode(new.bucket.mode);
         self.rules.store(Arc::new(rules));

@@ -123,6 +123,7 @@ mod tests {
                 policy: None,
                 occurred_at_ms: Some(now - 100),
                 workflow_id: "wf-7",
+                dependency: "",
             };
             match plan(record.take(), &key, &report, &defaults, now).expect("valid") {
                 Plan::Fresh(mut draft) => {
@@ -206,6 +207,7 @@ mod tests {
                     retry_info: h.ignored.retry_info,
                 }),
             }),
+            dependency: e.dependency.clone(),
             recorded_at_ms: e.recorded_at_ms,
         };
         pb::ActivityRecord {

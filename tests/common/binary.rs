@@ -17,6 +17,11 @@ use tokio::sync::mpsc;
 /// flags (which may set either of those two), and nothing taken from the
 /// environment that a test did not ask for (a configuration file, an auth
 /// mode, keys, certificates).
+///
+/// Unless `extra` sets a `--dependency-*` flag, every dependency gets a
+/// static rate far above any global one (`--dependency-rate 1000000`), so
+/// that the global bucket alone limits retries: the tests of the
+/// dependencies' adaptive budgets (`tests/dependencies.rs`) set their own.
 pub fn command(extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retry-budget"));
     command.arg("serve");
@@ -24,6 +29,9 @@ pub fn command(extra: &[&str]) -> Command {
         if !extra.contains(&flag) {
             command.args([flag, default]);
         }
+    }
+    if !extra.iter().any(|a| a.starts_with("--dependency-")) {
+        command.args(["--dependency-rate", "1000000"]);
     }
     command
         .args(extra)

@@ -95,6 +95,7 @@ fn first_failure(
         policy: Some(generous_policy()),
         occurred_at_ms: Some(now_ms),
         workflow_id: "",
+        dependency: "",
     };
     match plan(None, &key, &report, defaults, now_ms) {
         Ok(Plan::Fresh(mut draft)) => {
@@ -231,6 +232,7 @@ pub async fn offline(
                     policy: Some(generous_policy()),
                     occurred_at_ms: Some(now_ms),
                     workflow_id: "",
+                    dependency: "",
                 };
                 // A store whose checkpoints fall behind refuses saves for a
                 // moment (on a machine busy with other work): wait as asked.

@@ -21,11 +21,16 @@ struct Harness {
 }
 
 fn harness(rate: f64, burst: u32) -> Harness {
-    let bucket = FairBucket::new(&BucketConfig {
-        rate,
-        burst,
-        ..BucketConfig::default()
-    })
+    // The dependencies' budgets out of the way: these tests are of the
+    // global bucket.
+    let bucket = FairBucket::with_dependencies(
+        &BucketConfig {
+            rate,
+            burst,
+            ..BucketConfig::default()
+        },
+        crate::bucket::DependenciesConfig::static_rate(crate::bucket::config::MAX_RATE),
+    )
     .expect("valid test configuration");
     let (service, handle) = mock::spawn_layer(RetryTokenLayer::new(bucket.clone()));
     Harness {
@@ -75,7 +80,10 @@ async fn every_request_gets_a_gate_and_nothing_is_taken_until_a_decision_asks() 
     assert_eq!((stats.granted, stats.level), (0, 5.0), "nothing taken");
     assert_eq!(stats.tracked_tenants, 0, "no tenant seen");
     let gate = h.gate("/retrybudget.v1.RetryBudget/NextAction").await;
-    assert_eq!(gate.tenant("acme").take(Duration::MAX), Admission::Granted);
+    assert_eq!(
+        gate.tenant("acme", "").take(Duration::MAX).admission,
+        Admission::Granted
+    );
     let stats = h.bucket.stats();
     assert_eq!((stats.granted, stats.level), (1, 4.0));
 }
@@ -84,11 +92,17 @@ async fn every_request_gets_a_gate_and_nothing_is_taken_until_a_decision_asks() 
 async fn a_drained_bucket_defers_with_spread_slots() {
     let mut h = harness(100.0, 1);
     let gate = h.gate("/retrybudget.v1.RetryBudget/NextAction").await;
-    assert_eq!(gate.tenant("a").take(Duration::MAX), Admission::Granted);
-    assert_eq!(gate.tenant("b").take(Duration::MAX), Admission::Granted);
+    assert_eq!(
+        gate.tenant("a", "").take(Duration::MAX).admission,
+        Admission::Granted
+    );
+    assert_eq!(
+        gate.tenant("b", "").take(Duration::MAX).admission,
+        Admission::Granted
+    );
     let mut waits = Vec::new();
     for _ in 0..4 {
-        match gate.tenant("a").take(Duration::MAX) {
+        match gate.tenant("a", "").take(Duration::MAX).admission {
             Admission::Deferred { wait, reason } => {
                 assert_eq!(reason, TENANT_SHARE_EXHAUSTED);
                 waits.push(wait);
@@ -106,18 +120,26 @@ async fn a_drained_bucket_defers_with_spread_slots() {
 async fn the_bucket_refills_as_paused_time_advances() {
     let mut h = harness(10.0, 1);
     let gate = h.gate("/retrybudget.v1.RetryBudget/NextAction").await;
-    assert_eq!(gate.tenant("t").take(Duration::MAX), Admission::Granted);
     assert_eq!(
-        gate.tenant("t").take(Duration::from_millis(50)),
+        gate.tenant("t", "").take(Duration::MAX).admission,
+        Admission::Granted
+    );
+    assert_eq!(
+        gate.tenant("t", "")
+            .take(Duration::from_millis(50))
+            .admission,
         Admission::Refused {
             retry_after: Duration::from_millis(100),
             reason: crate::bucket::RESERVATION_PAST_MAX_WAIT,
         }
     );
     tokio::time::advance(Duration::from_millis(100)).await;
-    assert_eq!(gate.tenant("t").take(Duration::MAX), Admission::Granted);
+    assert_eq!(
+        gate.tenant("t", "").take(Duration::MAX).admission,
+        Admission::Granted
+    );
     tokio::time::advance(Duration::from_millis(50)).await;
-    match gate.tenant("t").take(Duration::MAX) {
+    match gate.tenant("t", "").take(Duration::MAX).admission {
         Admission::Deferred { wait, reason } => {
             assert_eq!(wait, Duration::from_millis(50));
             assert_eq!(reason, GLOBAL_CAPACITY_EXHAUSTED);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::super::decision;
-use super::super::token::Unlimited;
+use super::super::token::{Admission, Unlimited};
 use super::*;
 
 const NOW: i64 = 1_800_000_000_000;
@@ -18,6 +18,7 @@ fn report(occurred_at_ms: i64) -> Report<'static> {
         policy: None,
         occurred_at_ms: Some(occurred_at_ms),
         workflow_id: "",
+        dependency: "",
     }
 }
 
@@ -159,7 +160,7 @@ enum Answer {
 struct Scripted(Answer);
 
 impl TokenGate for Scripted {
-    fn take(self, max_wait: Duration) -> Admission {
+    fn take(self, max_wait: Duration) -> super::super::token::Answer {
         let past = |n: u64| {
             if max_wait.is_zero() {
                 codes::GLOBAL_CAPACITY_EXHAUSTED
@@ -169,7 +170,7 @@ impl TokenGate for Scripted {
                 codes::GLOBAL_CAPACITY_EXHAUSTED
             }
         };
-        match self.0 {
+        let admission = match self.0 {
             Answer::Granted => Admission::Granted,
             Answer::Deferred(n) if Duration::from_nanos(n) <= max_wait => Admission::Deferred {
                 wait: Duration::from_nanos(n),
@@ -179,7 +180,8 @@ impl TokenGate for Scripted {
                 retry_after: Duration::from_nanos(n),
                 reason: past(n),
             },
-        }
+        };
+        admission.into()
     }
 }
 

@@ -158,6 +158,7 @@ impl TryFrom<pb::Event> for Event {
             defer_reason: stored.defer_reason,
             rule: stored.rule,
             hint: stored.hint.map(Hint::try_from).transpose()?,
+            dependency: stored.dependency,
             recorded_at_ms: stored.recorded_at_ms,
         })
     }

@@ -65,6 +65,7 @@
 //! [metrics]
 //! listen = "127.0.0.1:9464" # Prometheus text on /metrics (default: off)
 //! top_tenants = 20         # the busiest tenants by name, the rest as "other"
+//! top_dependencies = 20    # the busiest dependencies by name, likewise
 //!
 //! [limits]                 # what one request may carry (docs/errors.md)
 //! max_message_bytes = 65536     # a larger request message: message_too_large
@@ -152,6 +153,9 @@ pub struct MetricsConfig {
     /// How many of the busiest tenants are named in per-tenant metrics;
     /// the others are summed as `other`.
     pub top_tenants: usize,
+    /// How many of the busiest dependencies are named in per-dependency
+    /// metrics; the others are summed as `other`.
+    pub top_dependencies: usize,
 }
 
 impl Default for MetricsConfig {
@@ -159,6 +163,7 @@ impl Default for MetricsConfig {
         Self {
             listen: None,
             top_tenants: 20,
+            top_dependencies: 20,
         }
     }
 }
@@ -350,6 +355,9 @@ impl Config {
         }
         if self.metrics.top_tenants > 1000 {
             return Err(value("metrics.top_tenants", "must be at most 1000"));
+        }
+        if self.metrics.top_dependencies > 1000 {
+            return Err(value("metrics.top_dependencies", "must be at most 1000"));
         }
         self.coordination
             .validate()

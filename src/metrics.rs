@@ -76,11 +76,21 @@ struct Inner {
     commit_seconds: Histogram,
 }
 
+/// How many tenants and dependencies the labelled metrics name; the rest
+/// are summed as `other`.
+#[derive(Debug, Clone, Copy)]
+pub struct Top {
+    /// `[metrics] top_tenants`.
+    pub tenants: usize,
+    /// `[metrics] top_dependencies`.
+    pub dependencies: usize,
+}
+
 impl Metrics {
     /// The metrics of a server with `config_sha256` loaded, reading the
     /// bucket, store and coordination figures from `sources` at each
-    /// scrape; `top_tenants` bounds the tenant label.
-    pub fn new(config_sha256: &str, sources: Sources, top_tenants: usize) -> Self {
+    /// scrape; `top` bounds the tenant and dependency labels.
+    pub fn new(config_sha256: &str, sources: Sources, top: Top) -> Self {
         let mut registry = Registry::with_prefix("retry_budget");
         registry.register(
             "build",
@@ -166,7 +176,7 @@ impl Metrics {
             Unit::Seconds,
             commit_seconds.clone(),
         );
-        registry.register_collector(Box::new(collect::Scraped::new(sources, top_tenants)));
+        registry.register_collector(Box::new(collect::Scraped::new(sources, top)));
         Self {
             inner: Arc::new(Inner {
                 registry,

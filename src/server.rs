@@ -419,7 +419,10 @@ async fn start_metrics<S: Store>(
     let metrics = Metrics::new(
         &reload::config_sha256(config),
         sources,
-        config.metrics.top_tenants,
+        crate::metrics::Top {
+            tenants: config.metrics.top_tenants,
+            dependencies: config.metrics.top_dependencies,
+        },
     );
     if let Some(stats) = ledger.store().commit_stats() {
         let observer = metrics.clone();

@@ -262,6 +262,7 @@ async fn each_success_earns_its_deposit_once() {
     let success = || pb::RecordSuccessRequest {
         activity_id: "s-1".into(),
         occurred_at: None,
+        ..Default::default()
     };
     assert!(
         client

@@ -274,6 +274,7 @@ async fn timestamps_out_of_range_or_far_from_the_clock_are_refused_and_change_no
         .record_success(pb::RecordSuccessRequest {
             activity_id: "time-1".into(),
             occurred_at: Some(ts(0)),
+            ..Default::default()
         })
         .await
         .expect_err("success in 1970");

@@ -383,6 +383,7 @@ async fn record_success_closes_and_is_idempotent() {
     let success = pb::RecordSuccessRequest {
         activity_id: "ok".into(),
         occurred_at: Some(ts(*T0 + 3000)),
+        ..Default::default()
     };
     let first = client
         .record_success(success.clone())
@@ -406,6 +407,7 @@ async fn record_success_closes_and_is_idempotent() {
         .record_success(pb::RecordSuccessRequest {
             activity_id: "never-failed".into(),
             occurred_at: None,
+            ..Default::default()
         })
         .await
         .unwrap()

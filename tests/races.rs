@@ -213,6 +213,7 @@ async fn a_report_racing_a_success_is_decided_before_it_or_refused_after_it() {
                 pb::RecordSuccessRequest {
                     activity_id: id.clone(),
                     occurred_at: Some(ts(t0 + 2)),
+                    ..Default::default()
                 },
             );
             race(

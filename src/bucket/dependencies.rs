@@ -36,7 +36,7 @@ use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::{Admission, FairShares};
 use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig, OVERFLOW_DEPENDENCY, SuccessWindow};
-use super::{DEPENDENCY_BUDGET_EXHAUSTED, GLOBAL_CAPACITY_EXHAUSTED};
+use super::{DEPENDENCY_BUDGET_EXHAUSTED, GLOBAL_CAPACITY_EXHAUSTED, TENANT_BACKLOG_FULL};
 use crate::budget::token::{Answer, Pace};
 
 /// One dependency's budget.
@@ -93,6 +93,8 @@ pub struct DependencyReport {
     pub name: String,
     /// Successes counted here since the last report.
     pub successes: u64,
+    /// Successes a second here over its pace window.
+    pub success_rate: f64,
     /// Tokens each tenant asked for, and whether any was held back.
     pub demand: Vec<(String, u64, bool)>,
 }
@@ -233,7 +235,7 @@ impl Dependencies {
 
     /// What the coordination publishes: each dependency's successes since
     /// the last call and its tenants' demand, reset.
-    pub fn take_reports(&mut self) -> Vec<DependencyReport> {
+    pub fn take_reports(&mut self, now: Duration) -> Vec<DependencyReport> {
         self.entries
             .iter_mut()
             .map(|e| {
@@ -244,6 +246,7 @@ impl Dependencies {
                 DependencyReport {
                     name: e.name.to_string(),
                     successes: std::mem::take(&mut e.unpublished_successes),
+                    success_rate: e.successes.rate(now),
                     demand,
                 }
             })
@@ -254,6 +257,15 @@ impl Dependencies {
     /// replica's part of it: the coordination's answer, in force until the
     /// next one (or until [`Dependencies::uncoordinate`]).
     pub fn set_grant(&mut self, dependency: &str, pace: Pace, capacity: &Capacity, now: Duration) {
+        // A dependency only other replicas track is taken on while there is
+        // room, so that its first retry here finds the fleet's pace; past
+        // the bound its grant would land on the shared entry, which is
+        // paced by its own name's grant.
+        if !self.index.contains_key(dependency)
+            && self.entries.len() >= self.config.max_dependencies
+        {
+            return;
+        }
         let i = self.entry(dependency, now);
         let e = &mut self.entries[i];
         e.pace = pace;
@@ -367,10 +379,13 @@ impl Dependencies {
 }
 
 /// A refusal or deferral of a dependency's bucket, in its terms: its bucket
-/// empty is the dependency's budget exhausted, not the global capacity.
+/// empty, or booked as far ahead as it books, is the dependency's budget
+/// exhausted, not the global capacity nor the tenant's backlog. A tenant
+/// past its share of it while others want theirs stays
+/// `tenant_share_exhausted`.
 fn scoped(admission: Admission) -> Admission {
     let rename = |reason| {
-        if reason == GLOBAL_CAPACITY_EXHAUSTED {
+        if reason == GLOBAL_CAPACITY_EXHAUSTED || reason == TENANT_BACKLOG_FULL {
             DEPENDENCY_BUDGET_EXHAUSTED
         } else {
             reason

@@ -172,7 +172,8 @@ impl FairBucket {
     /// Each dependency's successes and demand since the last call, reset:
     /// what a replica publishes (see [`FairBucket::take_demand`]).
     pub fn take_dependency_reports(&self) -> Vec<DependencyReport> {
-        self.lock().dependencies.take_reports()
+        let now = self.now();
+        self.lock().dependencies.take_reports(now)
     }
 
     /// Sets `dependency`'s fleet-wide pace and this replica's part of it.

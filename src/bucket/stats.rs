@@ -5,7 +5,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{Admission, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED};
+use super::{
+    Admission, DEPENDENCY_BUDGET_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
+    TENANT_SHARE_EXHAUSTED,
+};
 
 /// A snapshot of the bucket's counters, all since it was built.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -25,6 +28,11 @@ pub struct BucketStats {
     pub refused_global_capacity: u64,
     /// Refusals, nothing booked: the slot came after the caller's limit.
     pub refused_past_max_wait: u64,
+    /// Deferrals that booked a slot of a dependency's budget: it was empty.
+    pub deferred_dependency: u64,
+    /// Refusals, nothing booked: a dependency's budget promised as far as
+    /// it may (or has no rate here).
+    pub refused_dependency: u64,
     /// Tokens in the bucket now; negative when promised ahead.
     pub level: f64,
     /// Tenants tracked one by one.
@@ -55,6 +63,8 @@ pub(super) struct Counters {
     refused_tenant_backlog: AtomicU64,
     refused_global_capacity: AtomicU64,
     refused_past_max_wait: AtomicU64,
+    deferred_dependency: AtomicU64,
+    refused_dependency: AtomicU64,
 }
 
 impl Counters {
@@ -68,11 +78,13 @@ impl Counters {
             Admission::Granted => &self.granted,
             Admission::Deferred { reason, .. } => match *reason {
                 TENANT_SHARE_EXHAUSTED => &self.deferred_tenant_share,
+                DEPENDENCY_BUDGET_EXHAUSTED => &self.deferred_dependency,
                 _ => &self.deferred_global_capacity,
             },
             Admission::Refused { reason, .. } => match *reason {
                 TENANT_BACKLOG_FULL => &self.refused_tenant_backlog,
                 RESERVATION_PAST_MAX_WAIT => &self.refused_past_max_wait,
+                DEPENDENCY_BUDGET_EXHAUSTED => &self.refused_dependency,
                 _ => &self.refused_global_capacity,
             },
             // Counted as the admission it stands for, before shadowing.
@@ -91,6 +103,8 @@ impl Counters {
             refused_tenant_backlog: self.refused_tenant_backlog.load(Relaxed),
             refused_global_capacity: self.refused_global_capacity.load(Relaxed),
             refused_past_max_wait: self.refused_past_max_wait.load(Relaxed),
+            deferred_dependency: self.deferred_dependency.load(Relaxed),
+            refused_dependency: self.refused_dependency.load(Relaxed),
             ..BucketStats::default()
         }
     }

@@ -21,6 +21,9 @@ use prost::Message;
 
 /// Most tenants a row names; the rest are summed.
 pub const MAX_PUBLISHED_TENANTS: usize = 256;
+/// Most tenants a row names for each dependency: with up to
+/// `max_dependencies` of them, a row stays tens of KB.
+pub const MAX_PUBLISHED_DEPENDENCY_TENANTS: usize = 32;
 
 /// A replica's recent demand, in tokens a second.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -36,6 +39,22 @@ pub struct Demand {
     /// worker waits out a deferral before asking again, so what a tenant
     /// held back asks is what it gets, not what it wants.
     pub saturated: Vec<String>,
+    /// Each dependency's demand, successes and grant here (empty inside a
+    /// dependency's own demand).
+    pub dependencies: Vec<DependencyDemand>,
+}
+
+/// What a replica publishes of one dependency.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DependencyDemand {
+    /// The dependency.
+    pub name: String,
+    /// Its tenants' demand here.
+    pub demand: Demand,
+    /// Its successes a second here, over its pace window.
+    pub success_rate: f64,
+    /// The rate of its budget this replica holds.
+    pub granted_rate: f64,
 }
 
 impl Demand {
@@ -60,7 +79,13 @@ impl Demand {
             rest_rate: rest.iter().map(|c| c.1 as f64).sum::<f64>() / seconds,
             rest_tenants: u32::try_from(rest.len()).unwrap_or(u32::MAX),
             saturated,
+            dependencies: Vec::new(),
         }
+    }
+
+    /// This demand's dependency `name`, if it has one.
+    pub fn dependency(&self, name: &str) -> Option<&DependencyDemand> {
+        self.dependencies.iter().find(|d| d.name == name)
     }
 
     /// The total rate.
@@ -70,6 +95,10 @@ impl Demand {
 
     /// The row's bytes.
     pub fn encode(&self) -> Vec<u8> {
+        self.record().encode_to_vec()
+    }
+
+    fn record(&self) -> DemandRecord {
         DemandRecord {
             tenants: self
                 .tenants
@@ -82,15 +111,41 @@ impl Demand {
             rest_rate: self.rest_rate,
             rest_tenants: self.rest_tenants,
             saturated: self.saturated.clone(),
+            dependencies: self
+                .dependencies
+                .iter()
+                .map(|d| DependencyRecord {
+                    name: d.name.clone(),
+                    demand: Some(d.demand.record()),
+                    success_rate: d.success_rate,
+                    granted_rate: d.granted_rate,
+                })
+                .collect(),
         }
-        .encode_to_vec()
     }
 
     /// The demand in a row's bytes; `None` if they do not decode or hold
-    /// rates that are not finite and at least 0.
+    /// rates that are not finite and at least 0. A row of a release before
+    /// dependencies had budgets has none.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let record = DemandRecord::decode(bytes).ok()?;
+        Self::from_record(DemandRecord::decode(bytes).ok()?)
+    }
+
+    fn from_record(record: DemandRecord) -> Option<Self> {
         let valid = |r: f64| r.is_finite() && r >= 0.0;
+        let dependencies = record
+            .dependencies
+            .into_iter()
+            .map(|d| {
+                let demand = Self::from_record(d.demand.unwrap_or_default())?;
+                (valid(d.success_rate) && valid(d.granted_rate)).then_some(DependencyDemand {
+                    name: d.name,
+                    demand,
+                    success_rate: d.success_rate,
+                    granted_rate: d.granted_rate,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
         let demand = Self {
             tenants: record
                 .tenants
@@ -100,6 +155,7 @@ impl Demand {
             rest_rate: record.rest_rate,
             rest_tenants: record.rest_tenants,
             saturated: record.saturated,
+            dependencies,
         };
         (valid(demand.rest_rate) && demand.tenants.iter().all(|(_, r)| valid(*r))).then_some(demand)
     }
@@ -116,6 +172,21 @@ struct DemandRecord {
     rest_tenants: u32,
     #[prost(string, repeated, tag = "4")]
     saturated: Vec<String>,
+    #[prost(message, repeated, tag = "5")]
+    dependencies: Vec<DependencyRecord>,
+}
+
+/// `retrybudget.coord.v1.DependencyDemand`.
+#[derive(Clone, PartialEq, Message)]
+struct DependencyRecord {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "2")]
+    demand: Option<DemandRecord>,
+    #[prost(double, tag = "3")]
+    success_rate: f64,
+    #[prost(double, tag = "4")]
+    granted_rate: f64,
 }
 
 /// `retrybudget.coord.v1.TenantDemand`.
@@ -151,5 +222,31 @@ mod tests {
             ..Demand::default()
         };
         assert_eq!(Demand::decode(&bad.encode()), None);
+    }
+
+    #[test]
+    fn dependencies_round_trip_and_an_old_row_has_none() {
+        let inner = Demand::from_counts(vec![("a".into(), 4, true)], Duration::from_secs(1), 8);
+        let d = Demand {
+            dependencies: vec![DependencyDemand {
+                name: "payments-api".into(),
+                demand: inner,
+                success_rate: 32.5,
+                granted_rate: 1.5,
+            }],
+            ..Demand::from_counts(vec![("a".into(), 4, true)], Duration::from_secs(1), 8)
+        };
+        assert_eq!(Demand::decode(&d.encode()), Some(d.clone()));
+        assert_eq!(d.dependency("payments-api").unwrap().success_rate, 32.5);
+        let old = Demand {
+            dependencies: Vec::new(),
+            ..d
+        };
+        assert!(
+            Demand::decode(&old.encode())
+                .unwrap()
+                .dependencies
+                .is_empty()
+        );
     }
 }

@@ -9,10 +9,13 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::allocation::{ReplicaGrant, ReplicaView, allocate};
-use super::demand::{Demand, MAX_PUBLISHED_TENANTS};
+use super::demand::{
+    Demand, DependencyDemand, MAX_PUBLISHED_DEPENDENCY_TENANTS, MAX_PUBLISHED_TENANTS,
+};
 use super::lease::{self, LeaseWrite};
 use super::{CoordinationConfig, CoordinationState, CoordinationStatus};
 use crate::bucket::{BucketConfig, Capacity, FairBucket};
+use crate::budget::token::Pace;
 
 /// Transactions tried per interval when they fail with SQLSTATE 40001.
 const SERIALIZATION_ATTEMPTS: u32 = 5;
@@ -57,6 +60,8 @@ pub(super) struct Replica {
     epoch: Option<i64>,
     /// The rate and burst the bucket hands out now.
     applied: (f64, u32),
+    /// The rate and burst of each dependency's budget it applied last.
+    applied_dependencies: std::collections::HashMap<String, (f64, u32)>,
     /// When the last committed transaction began: the lease lapses, by the
     /// database's clock, no earlier than a TTL after it.
     renewed_at: Option<Instant>,
@@ -93,6 +98,7 @@ impl Replica {
             state,
             epoch: None,
             applied: (0.0, 0),
+            applied_dependencies: std::collections::HashMap::new(),
             renewed_at: None,
             counting_since: Instant::now(),
         };
@@ -140,8 +146,26 @@ impl Replica {
         // the fallback use it, and grants follow within an interval.
         self.budget = self.budgets.borrow_and_update().clone();
         let counts = self.bucket.take_demand();
-        let demand =
-            Demand::from_counts(counts, began - self.counting_since, MAX_PUBLISHED_TENANTS);
+        let elapsed = began - self.counting_since;
+        let mut demand = Demand::from_counts(counts, elapsed, MAX_PUBLISHED_TENANTS);
+        demand.dependencies = self
+            .bucket
+            .take_dependency_reports()
+            .into_iter()
+            .map(|report| DependencyDemand {
+                granted_rate: self
+                    .applied_dependencies
+                    .get(&report.name)
+                    .map_or(0.0, |applied| applied.0),
+                demand: Demand::from_counts(
+                    report.demand,
+                    elapsed,
+                    MAX_PUBLISHED_DEPENDENCY_TENANTS,
+                ),
+                success_rate: report.success_rate,
+                name: report.name,
+            })
+            .collect();
         self.counting_since = began;
         // A slow transaction may still renew the lease, so it is given
         // until the lease would lapse (then the grant goes), or an
@@ -176,11 +200,10 @@ impl Replica {
     /// The transaction, retried on serialization failures.
     async fn transact(&mut self, demand: &Demand) -> Result<Committed, TickError> {
         let mut client = self.pool.get().await?;
-        let encoded = demand.encode();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.attempt(&mut client, demand, &encoded).await {
+            match self.attempt(&mut client, demand).await {
                 Err(TickError::Database(e))
                     if lease::is_serialization_failure(&e) && attempt < SERIALIZATION_ATTEMPTS =>
                 {
@@ -198,7 +221,6 @@ impl Replica {
         &mut self,
         client: &mut deadpool_postgres::Client,
         demand: &Demand,
-        encoded: &[u8],
     ) -> Result<Committed, TickError> {
         let stale_after = self.config.lease_ttl() * STALE_LEASES;
         let tx = lease::begin(client).await?;
@@ -217,6 +239,20 @@ impl Replica {
                 }),
         );
         let grant = allocate(&self.budget, &views, 0);
+        let dependencies = self.allocate_dependencies(&views);
+        // The row says the dependency grants it holds from this commit on.
+        let mut published = demand.clone();
+        for (name, _, grant) in &dependencies {
+            match published.dependencies.iter_mut().find(|d| d.name == *name) {
+                Some(d) => d.granted_rate = grant.rate,
+                None => published.dependencies.push(DependencyDemand {
+                    name: name.clone(),
+                    granted_rate: grant.rate,
+                    ..DependencyDemand::default()
+                }),
+            }
+        }
+        let encoded = published.encode();
         if rows.iter().any(|r| r.stale) {
             lease::delete_stale(&tx, stale_after).await?;
         }
@@ -228,7 +264,7 @@ impl Replica {
                 ttl: self.config.lease_ttl(),
                 granted_rate: grant.rate,
                 granted_burst: grant.burst,
-                demand: encoded,
+                demand: &encoded,
             },
         )
         .await?;
@@ -242,14 +278,99 @@ impl Replica {
             grant.burst.min(self.applied.1),
         );
         self.apply(&grant, lowered);
+        for (name, pace, grant) in &dependencies {
+            let applied = self
+                .applied_dependencies
+                .get(name)
+                .copied()
+                .unwrap_or((grant.rate, grant.burst));
+            let lowered = (grant.rate.min(applied.0), grant.burst.min(applied.1));
+            self.apply_dependency(name, *pace, grant, lowered);
+        }
         tx.commit().await?;
         // Raise after it: the row says at least as much from now on.
         self.apply(&grant, (grant.rate, grant.burst));
+        for (name, pace, grant) in &dependencies {
+            self.apply_dependency(name, *pace, grant, (grant.rate, grant.burst));
+        }
         Ok(Committed {
             epoch,
             grant,
             replicas: views.len(),
         })
+    }
+
+    /// Each dependency any live replica tracks: its fleet-wide pace (from
+    /// the successes every replica counts) and this replica's part of it,
+    /// split as the global rate is ([`allocate`], with the dependency's
+    /// allowed rate for the global one). A dependency new here thus finds
+    /// its fleet's pace at its first retry.
+    fn allocate_dependencies(&self, views: &[ReplicaView]) -> Vec<(String, Pace, ReplicaGrant)> {
+        let config = self.bucket.dependencies_config();
+        let names: std::collections::BTreeSet<&str> = views
+            .iter()
+            .flat_map(|v| v.demand.dependencies.iter().map(|d| d.name.as_str()))
+            .collect();
+        names
+            .into_iter()
+            .take(config.max_dependencies.saturating_add(1))
+            .map(|name| {
+                let successes: f64 = views
+                    .iter()
+                    .filter_map(|v| v.demand.dependency(name))
+                    .map(|d| d.success_rate)
+                    .sum();
+                let pace_config = config.pace_of(name);
+                let pace = pace_config.pace(successes);
+                let budget = BucketConfig {
+                    rate: pace.allowed,
+                    burst: pace_config.burst(pace.allowed),
+                    ..self.budget.clone()
+                };
+                let dependency_views: Vec<ReplicaView> = views
+                    .iter()
+                    .map(|v| match v.demand.dependency(name) {
+                        Some(d) => ReplicaView {
+                            demand: d.demand.clone(),
+                            granted_rate: d.granted_rate,
+                        },
+                        None => ReplicaView {
+                            demand: Demand::default(),
+                            granted_rate: 0.0,
+                        },
+                    })
+                    .collect();
+                (
+                    name.to_owned(),
+                    pace,
+                    allocate(&budget, &dependency_views, 0),
+                )
+            })
+            .collect()
+    }
+
+    /// Gives dependency `name`'s budget `rate` and `burst` with the grant's
+    /// weights, and the fleet's pace.
+    fn apply_dependency(
+        &mut self,
+        name: &str,
+        pace: Pace,
+        grant: &ReplicaGrant,
+        (rate, burst): (f64, u32),
+    ) {
+        self.bucket.set_dependency_grant(
+            name,
+            pace,
+            &Capacity {
+                rate,
+                burst,
+                default_weight: grant.default_weight,
+                weights: grant.weights.clone(),
+                closed_retry_after: self.config.interval,
+            },
+        );
+        self.applied_dependencies
+            .insert(name.to_owned(), (rate, burst));
     }
 
     /// Gives the bucket `rate` and `burst` with the grant's weights.
@@ -323,6 +444,9 @@ impl Replica {
             ..Capacity::from_config(&self.budget)
         });
         self.applied = (rate, burst);
+        // Each dependency paced by the successes this replica sees alone.
+        self.bucket.uncoordinate_dependencies();
+        self.applied_dependencies.clear();
         tracing::warn!(
             rate,
             burst,

@@ -38,15 +38,12 @@ impl fmt::Debug for Sources {
 #[derive(Debug)]
 pub(super) struct Scraped {
     sources: Sources,
-    top_tenants: usize,
+    top: super::Top,
 }
 
 impl Scraped {
-    pub(super) fn new(sources: Sources, top_tenants: usize) -> Self {
-        Self {
-            sources,
-            top_tenants,
-        }
+    pub(super) fn new(sources: Sources, top: super::Top) -> Self {
+        Self { sources, top }
     }
 }
 
@@ -141,6 +138,16 @@ impl Collector for Scraped {
                     "reservation_past_max_wait",
                     stats.refused_past_max_wait,
                 ),
+                (
+                    "deferred",
+                    "dependency_budget_exhausted",
+                    stats.deferred_dependency,
+                ),
+                (
+                    "refused",
+                    "dependency_budget_exhausted",
+                    stats.refused_dependency,
+                ),
             ] {
                 let labels = [("outcome", outcome), ("reason", reason)];
                 ConstCounter::new(n).encode(admissions.encode_family(&labels)?)?;
@@ -149,7 +156,7 @@ impl Collector for Scraped {
             // values stay bounded however many tenants there are.
             let mut tenants = stats.tenants;
             tenants.sort_unstable_by(|a, b| b.tokens.cmp(&a.tokens).then(a.tenant.cmp(&b.tenant)));
-            let rest = tenants.split_off(self.top_tenants.min(tenants.len()));
+            let rest = tenants.split_off(self.top.tenants.min(tenants.len()));
             let mut tokens = e.encode_descriptor(
                 "tenant_tokens",
                 "Tokens a tenant was granted or booked, less those returned, since the bucket tracked it; the busiest tenants by name, the rest as other",
@@ -172,6 +179,7 @@ impl Collector for Scraped {
                 let labels = [("tenant", t.tenant.as_str())];
                 ConstGauge::new(f64::from(t.weight)).encode(weights.encode_family(&labels)?)?;
             }
+            dependencies(e, bucket, self.top.dependencies)?;
         }
         if let Some([commits, saves, checkpoints, checkpointed]) = (self.sources.commits)() {
             let e = &mut encoder;
@@ -228,4 +236,76 @@ impl Collector for Scraped {
         }
         Ok(())
     }
+}
+
+/// Each dependency's pace and counters: the busiest by name (by retries
+/// asked, then successes), the counters of the rest summed as `other`.
+fn dependencies(
+    e: &mut DescriptorEncoder,
+    bucket: &FairBucket,
+    top: usize,
+) -> Result<(), fmt::Error> {
+    let mut all = bucket.dependencies();
+    let busy = |d: &crate::bucket::DependencyStats| {
+        (
+            d.counters.admitted + d.counters.deferred,
+            d.counters.successes,
+        )
+    };
+    all.sort_unstable_by(|a, b| busy(b).cmp(&busy(a)).then(a.name.cmp(&b.name)));
+    let rest = all.split_off(top.min(all.len()));
+    for (name, help, value) in [
+        (
+            "dependency_allowed_rate",
+            "Retries a second a dependency may take, fleet-wide: a share of its successes, between its floor and ceiling, or a static rate",
+            (|d: &crate::bucket::DependencyStats| d.pace.allowed) as fn(&_) -> f64,
+        ),
+        (
+            "dependency_replica_rate",
+            "The part of a dependency's allowed rate this replica hands out",
+            |d| d.local_rate,
+        ),
+        (
+            "dependency_success_rate",
+            "A dependency's successes a second over its pace window, fleet-wide",
+            |d| d.pace.successes,
+        ),
+    ] {
+        let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for d in &all {
+            let labels = [("dependency", d.name.as_str())];
+            ConstGauge::new(value(d)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    for (name, help, value) in [
+        (
+            "dependency_successes",
+            "Successes of a dependency told to this replica (traffic reports and RecordSuccess)",
+            (|c: &crate::bucket::DependencyCounters| c.successes) as fn(&_) -> u64,
+        ),
+        (
+            "dependency_failures",
+            "Failures of a dependency workers reported to this replica",
+            |c| c.failures,
+        ),
+        (
+            "dependency_retries_admitted",
+            "Retries to a dependency granted a token at once on this replica",
+            |c| c.admitted,
+        ),
+        (
+            "dependency_retries_deferred",
+            "Retries to a dependency its budget deferred or refused on this replica",
+            |c| c.deferred,
+        ),
+    ] {
+        let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for d in &all {
+            let labels = [("dependency", d.name.as_str())];
+            ConstCounter::new(value(&d.counters)).encode(family.encode_family(&labels)?)?;
+        }
+        let other: u64 = rest.iter().map(|d| value(&d.counters)).sum();
+        ConstCounter::new(other).encode(family.encode_family(&[("dependency", "other")])?)?;
+    }
+    Ok(())
 }

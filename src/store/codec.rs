@@ -240,6 +240,7 @@ mod tests {
         // Negative numbers and empty optional strings take the rare paths.
         record.started_at_ms = -1;
         record.closed_code = Some(String::new());
+        std::sync::Arc::make_mut(&mut record.events[0]).dependency = Some("payments-api".into());
         // A message whose length takes three bytes of varint.
         let mut long = sample();
         std::sync::Arc::make_mut(&mut long.events[0]).reason = "x".repeat(20_000);

@@ -38,6 +38,10 @@ pub fn config(data_dir: impl Into<PathBuf>) -> Config {
     let mut config = Config::with_data_dir(data_dir);
     config.bucket.rate = 1_000_000.0;
     config.bucket.burst = 1_000_000;
+    // Every dependency at a static rate far above any global one, so the
+    // global bucket alone limits retries; the tests of the dependencies'
+    // adaptive budgets (tests/dependencies.rs) set their own.
+    config.dependencies = retry_budget::bucket::DependenciesConfig::static_rate(1_000_000.0);
     config.server.drain_delay = Duration::ZERO;
     config.server.grace_period = Duration::from_secs(5);
     config

@@ -108,6 +108,7 @@ impl Mixed {
             let mut request = Request::new(pb::RecordSuccessRequest {
                 activity_id: activity.id,
                 occurred_at: Some(activity.occurred_at),
+                ..Default::default()
             });
             request
                 .metadata_mut()

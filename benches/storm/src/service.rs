@@ -182,6 +182,7 @@ impl Server {
         let mut request = tonic::Request::new(pb::RecordSuccessRequest {
             activity_id: activity_id.to_owned(),
             occurred_at: Some(SystemTime::now().into()),
+            ..Default::default()
         });
         request.metadata_mut().insert(
             retry_budget::grpc::TENANT_HEADER,

@@ -143,6 +143,7 @@ fn replicas_strategy() -> impl Strategy<Value = Vec<ReplicaView>> {
                     rest_rate: if rest_tenants > 0 { rest_rate } else { 0.0 },
                     rest_tenants,
                     saturated: Vec::new(),
+                    dependencies: Vec::new(),
                 },
                 granted_rate,
             }

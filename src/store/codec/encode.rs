@@ -220,6 +220,7 @@ impl Fields for Event {
         }
         out.int(18, self.recorded_at_ms);
         out.flag(19, self.slot_booked);
+        out.optional_string(20, self.dependency.as_deref());
     }
 }
 

@@ -71,8 +71,15 @@ fi
 bench_serve() {
   local log=$1 port=$2 data=$3
   shift 3
+  # Every dependency's budget as roomy as the global one, so that a
+  # benchmark measures decisions and never a deferral (a build from before
+  # dependencies had budgets has no such flag).
+  local DEPENDENCY_ARGS=()
+  if "$SERVER" serve --help 2>/dev/null | grep -q -- '--dependency-rate'; then
+    DEPENDENCY_ARGS=(--dependency-rate 1000000)
+  fi
   "${PIN0[@]}" "$@" "$SERVER" --listen "127.0.0.1:$port" --data-dir "$data" --drain-delay 0s \
-    --retry-rate 1000000 --retry-burst 1000000 ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"} 2>"$log" &
+    --retry-rate 1000000 --retry-burst 1000000 ${DEPENDENCY_ARGS[@]+"${DEPENDENCY_ARGS[@]}"} ${SERVER_ARGS[@]+"${SERVER_ARGS[@]}"} 2>"$log" &
   PID=$!
   for _ in $(seq 1 300); do
     grep -q 'serving' "$log" && return 0

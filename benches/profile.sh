@@ -18,7 +18,8 @@
 # leave out the kernel (syscalls, loopback TCP, fsync), which the server
 # CPU a request of run.sh includes.
 #
-# Environment: CONC (streams, default 32); CACHE_SIM_KIB=N adds callgrind's
+# Environment: CONC (streams, default 32); LOADGEN_FLAGS (space-separated,
+# added to the generator's, e.g. "--dependency payments-api"); CACHE_SIM_KIB=N adds callgrind's
 # cache simulation, with a last-level cache of N KiB (8-way, 64-byte lines;
 # 32 KiB L1s): give it the machine's L2 (`lscpu`: 512 KiB a core on the
 # slower AMD kind, 1 MiB on the Zen 4 kind) and the summary adds the data
@@ -37,6 +38,10 @@ command -v valgrind >/dev/null || { echo "profile.sh: valgrind is needed (apt-ge
 bench_setup profile
 PORT=${PROFILE_PORT:-21270}
 CONC=${CONC:-32}
+LOADGEN_EXTRA=()
+if [ -n "${LOADGEN_FLAGS:-}" ]; then
+  read -ra LOADGEN_EXTRA <<<"$LOADGEN_FLAGS"
+fi
 CACHE_SIM=()
 if [ -n "${CACHE_SIM_KIB:-}" ]; then
   CACHE_SIM=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 "--LL=$((CACHE_SIM_KIB * 1024)),8,64")
@@ -56,7 +61,7 @@ for s in "${SCENARIOS[@]}"; do
   CONTROL=$!
   "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario "$s" \
     --connections 4 --concurrency "$CONC" --warmup "${WARMUP}s" --duration "${SECONDS_WINDOW}s" \
-    --server-pid "$PID" --label "profile/$s" >"$OUT/$s.json"
+    --server-pid "$PID" --label "profile/$s" ${LOADGEN_EXTRA[@]+"${LOADGEN_EXTRA[@]}"} >"$OUT/$s.json"
   wait "$CONTROL"
   kill -TERM "$PID"
   wait "$PID" || true

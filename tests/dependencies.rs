@@ -316,3 +316,56 @@ async fn three_replicas_pace_each_dependency_by_the_fleets_successes() {
     assert!((50..=150).contains(&a_paid), "{a_paid}");
     drop(replicas);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependencys_pace_is_configured_in_the_file_and_reloaded_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("retry-budget.toml");
+    std::fs::write(&config, "[dependencies.named.pay]\nrate = 2.0\n").unwrap();
+    let metrics = binary::free_port();
+    let (child, addr, mut log) =
+        binary::spawn_configured(&config, &dir.path().join("data"), metrics).await;
+    let mut c = client(&addr).await;
+    let pace = tell(&mut c, "pay", 0, 0).await;
+    assert_eq!((pace.allowed_rate, pace.rule.as_str()), (2.0, "static"));
+    assert_eq!(pace.explanation, "2 retries/s allowed (a static rate)");
+
+    std::fs::write(
+        &config,
+        "[dependencies.named.pay]\nratio = 0.5\nfloor = 3.0\n",
+    )
+    .unwrap();
+    let said = binary::hangup(
+        &child,
+        &mut log,
+        &["configuration reloaded", "reload refused"],
+    )
+    .await;
+    assert!(said.contains("configuration reloaded"), "{said}");
+    // Paced by the new rule from its next second on.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let pace = tell(&mut c, "pay", 0, 0).await;
+    assert_eq!((pace.allowed_rate, pace.rule.as_str()), (3.0, "floor"));
+
+    // A bad value changes nothing.
+    std::fs::write(&config, "[dependencies]\nratio = -1.0\n").unwrap();
+    let said = binary::hangup(
+        &child,
+        &mut log,
+        &["configuration reloaded", "reload refused"],
+    )
+    .await;
+    assert!(
+        said.contains("reload refused") && said.contains("ratio"),
+        "{said}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let pace = tell(&mut c, "pay", 0, 0).await;
+    assert_eq!((pace.allowed_rate, pace.rule.as_str()), (3.0, "floor"));
+
+    let text = binary::scrape(metrics).await;
+    assert!(
+        text.contains("retry_budget_dependency_allowed_rate{dependency=\"pay\"} 3"),
+        "{text}"
+    );
+}

@@ -97,4 +97,29 @@ mod tests {
             Admission::Deferred { .. }
         ));
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn shadow_mode_lets_a_retry_past_its_dependencys_budget_go_and_says_why() {
+        let bucket = FairBucket::new(&BucketConfig {
+            mode: crate::bucket::BucketMode::Shadow,
+            ..BucketConfig::default()
+        })
+        .unwrap();
+        let gate = Gate::new(bucket.clone());
+        // The default pace of a dependency with no successes: its floor,
+        // one retry a second, a bucket of one.
+        assert_eq!(
+            gate.tenant("a", "api").take(Duration::ZERO).admission,
+            Admission::Granted
+        );
+        let answer = gate.tenant("a", "api").take(Duration::ZERO);
+        assert_eq!(
+            answer.admission,
+            Admission::WouldDefer {
+                reason: crate::bucket::DEPENDENCY_BUDGET_EXHAUSTED
+            }
+        );
+        assert_eq!(answer.pace.map(|p| p.allowed), Some(1.0));
+        assert_eq!(bucket.stats().refused_dependency, 1, "counted as enforced");
+    }
 }

@@ -180,6 +180,9 @@ struct Args {
     /// The server's process id, to report the CPU it used in the window.
     #[arg(long)]
     server_pid: Option<u32>,
+    /// The dependency durable reports name (empty: the default one).
+    #[arg(long, default_value = "")]
+    dependency: String,
     /// A free-form label copied into the output, to group runs.
     #[arg(long, default_value = "")]
     label: String,
@@ -239,6 +242,9 @@ enum LoadgenError {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    scenario::DEPENDENCY
+        .set(args.dependency.clone())
+        .expect("set once, first");
     let runtime = if args.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -22,6 +22,10 @@ pub const GENEROUS_MAX_ATTEMPTS: u32 = 1000;
 /// Deadline of the durable policy: ten years, never reached.
 pub const GENEROUS_DEADLINE_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
+/// The dependency durable reports name (`--dependency`); empty, the
+/// default one. Set once, before the first request.
+pub static DEPENDENCY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// A transient failure of `attempt` under the durable policy: what the
 /// durable scenario and the preload report.
 pub fn durable_report(
@@ -40,6 +44,7 @@ pub fn durable_report(
             cap: None,
         }),
         occurred_at: Some(occurred_at),
+        dependency: DEPENDENCY.get().cloned().unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -100,11 +100,13 @@ use crate::auth::AuthConfig;
 use crate::bucket::{BucketConfig, DependenciesConfig};
 use crate::budget::activity::Policy;
 use crate::budget::classify::{RuleSet, RuleSpec};
-use crate::budget::codes;
 use crate::coord::CoordinationConfig;
 
 mod server;
 mod store;
+
+pub use crate::setting::ConfigError;
+pub(crate) use crate::setting::duration;
 
 pub use self::server::{LimitsConfig, ServeConfig, TlsConfig};
 pub use self::store::{DEFAULT_DATA_DIR, StoreConfig};
@@ -233,36 +235,6 @@ impl HintsConfig {
 pub struct ClassificationConfig {
     /// The operator's rules.
     pub rules: Vec<RuleSpec>,
-}
-
-/// The configuration cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file cannot be read.
-    #[error("{}: {path}: {source}", codes::CONFIG_UNREADABLE)]
-    Unreadable {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML of the expected shape.
-    #[error("{}: {path}: {message}", codes::CONFIG_INVALID)]
-    Invalid {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong, with the line and column.
-        message: String,
-    },
-    /// A setting, from whichever source, is out of its range.
-    #[error("{}: {key}: {message}", codes::CONFIG_INVALID)]
-    Value {
-        /// The setting, as `section.key`.
-        key: &'static str,
-        /// What is wrong with it.
-        message: String,
-    },
 }
 
 impl Config {
@@ -425,22 +397,6 @@ impl Config {
     /// was read.
     pub fn to_toml(&self) -> Result<String, String> {
         toml::to_string(self).map_err(|e| e.to_string())
-    }
-}
-
-/// Durations as people write them (`"2ms"`, `"1h 30m"`, `"7days"`).
-pub(crate) mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&humantime::format_duration(*value).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }
 

@@ -68,7 +68,7 @@ pub const HOSTNAME_ENV: &str = "HOSTNAME";
 pub struct CoordinationConfig {
     /// How often each replica runs its transaction; leases last
     /// [`LEASE_INTERVALS`] of it. Default [`DEFAULT_INTERVAL`].
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::setting::duration")]
     pub interval: Duration,
     /// This replica's id, unique among the replicas: two processes with one
     /// id would each hold a grant under it. Default (`None`): the host's

@@ -15,6 +15,9 @@
 //!   before the reply.
 //! - [`store`]: where activities live, behind one [`store::Store`] trait.
 //! - [`refusal`]: the one shape of every refusal, whichever layer refuses.
+//! - [`setting`]: what every configuration section shares (durations, the
+//!   error of a setting), below the sections and the [`config`] gathering
+//!   them.
 //! - [`grpc`]: the `retrybudget.v1` edge: protobuf types, conversions and
 //!   the one place the core's and the stores' errors become refusals.
 //! - [`metrics`]: Prometheus metrics: the RPC layer, decisions, and what
@@ -36,4 +39,5 @@ pub mod metrics;
 pub mod peer;
 pub mod refusal;
 pub mod server;
+pub mod setting;
 pub mod store;

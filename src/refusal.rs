@@ -1,8 +1,11 @@
-//! The one shape of every refusal, whichever layer refuses (the
+//! The one model of every refusal, whichever layer refuses (the
 //! authentication layer, the request deadline, the connection bound, the
-//! gRPC edge): a `tonic::Status` whose message starts with the stable code,
-//! with `google.rpc.Status` details. Below every layer that refuses, so
-//! that none of them imports another to render one.
+//! gRPC edge, the core, the store): each error says its stable code, gRPC
+//! code, metadata and retry advice through [`Refusal`], and
+//! [`Refusal::status`] renders it, here and nowhere else, as a
+//! `tonic::Status` whose message starts with the stable code, with
+//! `google.rpc.Status` details. Below every layer that refuses, so that
+//! none of them imports another to render one.
 
 use std::time::Duration;
 
@@ -15,13 +18,41 @@ pub(crate) const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 /// The `ErrorInfo.domain` of every refusal: the API's package.
 pub const ERROR_DOMAIN: &str = "retrybudget.v1";
 
+/// What a refusal says, whichever layer gives it. Its `Display` is the
+/// message for people, starting with the stable code.
+pub trait Refusal: std::fmt::Display {
+    /// The gRPC status code.
+    fn grpc_code(&self) -> Code;
+    /// The stable code: the message's first word and `ErrorInfo.reason`.
+    fn stable_code(&self) -> &'static str;
+    /// The values involved, as `ErrorInfo.metadata`.
+    fn details(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+    /// When asking again can help: after this long (`RetryInfo`, and
+    /// `grpc-retry-pushback-ms`).
+    fn retry_after(&self) -> Option<Duration> {
+        None
+    }
+    /// The refusal as every gRPC stack reads it ([`refusal`]).
+    fn status(&self) -> Status {
+        refusal(
+            self.grpc_code(),
+            self.stable_code(),
+            self.to_string(),
+            self.details(),
+            self.retry_after(),
+        )
+    }
+}
+
 /// A refusal as every gRPC stack reads it: `grpc` with `message` (which
 /// starts with the stable code, for people), and `google.rpc.Status`
 /// details holding an `ErrorInfo` (reason = the stable `code`, domain
 /// [`ERROR_DOMAIN`], `metadata` = the values involved) and, when asking
 /// again can help, a `RetryInfo` with the wait, also sent as gRPC's
 /// `grpc-retry-pushback-ms` (gRFC A6).
-pub fn refusal(
+fn refusal(
     grpc: Code,
     code: &'static str,
     message: impl Into<String>,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::identity::IdentityPattern;
 use super::keys::KeySet;
 use crate::budget::tenant::{self, DEFAULT_TENANT};
-use crate::config::ConfigError;
+use crate::setting::ConfigError;
 
 /// How a request proves its tenant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::budget::tenant;
-use crate::config::ConfigError;
+use crate::setting::ConfigError;
 
 /// What every key `retry-budget keys add` makes starts with, so that a key
 /// leaked into a repository or a log is recognised by secret scanners and

@@ -16,9 +16,9 @@ use super::identity::{IdentityPattern, spiffe_id, xfcc_uri};
 use super::keys::KeySet;
 use super::{AuthConfig, AuthMode, Tenant};
 use crate::budget::tenant::{self, DEFAULT_TENANT, TENANT_HEADER, TenantError};
-use crate::config::ConfigError;
 use crate::peer::Peer;
-use crate::refusal::refusal;
+use crate::refusal::Refusal;
+use crate::setting::ConfigError;
 
 /// The target of the layer's log lines: a refusal at debug level (its
 /// code, the method, the caller's address; never a key or a header's
@@ -185,31 +185,44 @@ fn log_keys(keys: &KeySet, message: &'static str) {
     }
 }
 
-/// The status a refusal is answered with: its code and stable reason, in
-/// the one shape every refusal has (`crate::refusal::refusal`).
-fn status(error: &TenantError, mode: AuthMode) -> tonic::Status {
-    let (code, metadata): (Code, Vec<(&'static str, String)>) = match error {
-        TenantError::Invalid | TenantError::Required => (
-            Code::InvalidArgument,
-            vec![("header", TENANT_HEADER.to_owned())],
-        ),
-        TenantError::Unauthenticated => (
-            Code::Unauthenticated,
-            vec![("auth_mode", mode.as_str().to_owned())],
-        ),
-        TenantError::Mismatch { proven, claimed } => (
-            Code::PermissionDenied,
-            vec![
+/// A tenant refused in an authentication mode: what the caller is told.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+struct Refused<'a> {
+    error: &'a TenantError,
+    mode: AuthMode,
+}
+
+impl Refusal for Refused<'_> {
+    fn grpc_code(&self) -> Code {
+        match self.error {
+            TenantError::Invalid | TenantError::Required => Code::InvalidArgument,
+            TenantError::Unauthenticated => Code::Unauthenticated,
+            TenantError::Mismatch { .. } | TenantError::NotMapped => Code::PermissionDenied,
+        }
+    }
+    fn stable_code(&self) -> &'static str {
+        self.error.code()
+    }
+    fn details(&self) -> Vec<(&'static str, String)> {
+        match self.error {
+            TenantError::Invalid | TenantError::Required => {
+                vec![("header", TENANT_HEADER.to_owned())]
+            }
+            TenantError::Unauthenticated | TenantError::NotMapped => {
+                vec![("auth_mode", self.mode.as_str().to_owned())]
+            }
+            TenantError::Mismatch { proven, claimed } => vec![
                 ("tenant", proven.clone()),
                 ("claimed_tenant", claimed.clone()),
             ],
-        ),
-        TenantError::NotMapped => (
-            Code::PermissionDenied,
-            vec![("auth_mode", mode.as_str().to_owned())],
-        ),
-    };
-    refusal(code, error.code(), error.to_string(), metadata, None)
+        }
+    }
+}
+
+/// The status a refusal is answered with ([`Refusal::status`]).
+fn status(error: &TenantError, mode: AuthMode) -> tonic::Status {
+    Refused { error, mode }.status()
 }
 
 /// Whether `path` is a method of health or reflection, open by default.

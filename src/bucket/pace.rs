@@ -73,7 +73,7 @@ pub struct PaceConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
     /// How long successes count. Default [`DEFAULT_WINDOW`].
-    #[serde(with = "crate::config::duration")]
+    #[serde(with = "crate::setting::duration")]
     pub window: Duration,
     /// The dependency's bucket holds this many seconds of its allowed rate
     /// (at least one token). Default [`DEFAULT_BURST_SECONDS`].

@@ -10,67 +10,105 @@
 //! Anything unexpected is `INTERNAL`, logged here and not echoed to the
 //! caller.
 
+use std::time::Duration;
+
 use tonic::{Code, Status};
 
-pub use crate::refusal::{ERROR_DOMAIN, refusal};
+pub use crate::refusal::{ERROR_DOMAIN, Refusal};
 
 use crate::budget::activity::{BudgetError, ErrorKind};
 use crate::budget::codes;
 use crate::ledger::LedgerError;
 use crate::store::StoreError;
 
-impl From<BudgetError> for Status {
-    fn from(err: BudgetError) -> Self {
-        let grpc = match err.kind() {
+/// The core's refusals: bad input, a report that contradicts the record,
+/// an unknown activity.
+impl Refusal for BudgetError {
+    fn grpc_code(&self) -> Code {
+        match self.kind() {
             ErrorKind::InvalidArgument => Code::InvalidArgument,
             ErrorKind::FailedPrecondition => Code::FailedPrecondition,
             ErrorKind::NotFound => Code::NotFound,
-        };
-        refusal(grpc, err.code(), err.to_string(), err.metadata(), None)
+        }
+    }
+    fn stable_code(&self) -> &'static str {
+        self.code()
+    }
+    fn details(&self) -> Vec<(&'static str, String)> {
+        self.metadata()
     }
 }
 
-impl From<StoreError> for Status {
-    fn from(err: StoreError) -> Self {
-        let grpc = match err {
-            StoreError::Backend { .. } | StoreError::Closed => {
-                tracing::warn!(error = %err, "store unavailable");
+impl From<BudgetError> for Status {
+    fn from(err: BudgetError) -> Self {
+        err.status()
+    }
+}
+
+/// The store's refusals: nothing was acknowledged, so asking again is safe
+/// where the store says when.
+impl Refusal for StoreError {
+    fn grpc_code(&self) -> Code {
+        match self {
+            StoreError::Backend { .. } | StoreError::Closed | StoreError::Backlogged { .. } => {
                 Code::Unavailable
             }
-            // The store logs once when it starts and stops refusing.
-            StoreError::Backlogged { .. } => Code::Unavailable,
             // Other replicas kept winning the race for this activity: the
             // ledger gave up deciding again; the client may ask again.
             StoreError::Conflict { .. } => Code::Aborted,
-            StoreError::Corrupt { .. } => {
-                tracing::error!(error = %err, "stored record cannot be read");
-                return refusal(
-                    Code::Internal,
-                    codes::INTERNAL,
-                    format!(
-                        "{}: a stored record cannot be read; see the server log",
-                        codes::INTERNAL
-                    ),
-                    [],
-                    None,
-                );
-            }
-        };
-        let metadata = match &err {
+            StoreError::Corrupt { .. } => Code::Internal,
+        }
+    }
+    fn stable_code(&self) -> &'static str {
+        self.code()
+    }
+    fn details(&self) -> Vec<(&'static str, String)> {
+        match self {
             StoreError::Backend { op, .. } => vec![("operation", (*op).to_owned())],
             StoreError::Conflict { key } => vec![("activity", key.clone())],
             StoreError::Backlogged { retry_after } => {
                 vec![("retry_after_ms", retry_after.as_millis().to_string())]
             }
             StoreError::Closed | StoreError::Corrupt { .. } => Vec::new(),
-        };
-        refusal(
-            grpc,
-            err.code(),
-            err.to_string(),
-            metadata,
-            err.retry_after(),
-        )
+        }
+    }
+    fn retry_after(&self) -> Option<Duration> {
+        StoreError::retry_after(self)
+    }
+}
+
+/// A stored record that cannot be read: logged here, and not echoed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}: a stored record cannot be read; see the server log",
+    codes::INTERNAL
+)]
+struct Internal;
+
+impl Refusal for Internal {
+    fn grpc_code(&self) -> Code {
+        Code::Internal
+    }
+    fn stable_code(&self) -> &'static str {
+        codes::INTERNAL
+    }
+}
+
+impl From<StoreError> for Status {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Backend { .. } | StoreError::Closed => {
+                tracing::warn!(error = %err, "store unavailable");
+            }
+            StoreError::Corrupt { .. } => {
+                tracing::error!(error = %err, "stored record cannot be read");
+                return Internal.status();
+            }
+            // The store logs once when it starts and stops refusing; a
+            // conflict is the caller's to ask again.
+            StoreError::Backlogged { .. } | StoreError::Conflict { .. } => {}
+        }
+        err.status()
     }
 }
 
@@ -83,18 +121,49 @@ impl From<LedgerError> for Status {
     }
 }
 
+/// A call that arrives while the server drains.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}: the server is draining; ask another replica",
+    codes::SHUTTING_DOWN
+)]
+struct Draining;
+
+impl Refusal for Draining {
+    fn grpc_code(&self) -> Code {
+        Code::Unavailable
+    }
+    fn stable_code(&self) -> &'static str {
+        codes::SHUTTING_DOWN
+    }
+}
+
 /// The status of a call that arrives while the server drains.
 pub(super) fn draining() -> Status {
-    refusal(
-        Code::Unavailable,
-        codes::SHUTTING_DOWN,
-        format!(
-            "{}: the server is draining; ask another replica",
-            codes::SHUTTING_DOWN
-        ),
-        [],
-        None,
-    )
+    Draining.status()
+}
+
+/// A request refused at the wire: its bytes, or its size. The message is
+/// built where the refusal is found.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+struct Wire {
+    grpc: Code,
+    code: &'static str,
+    message: String,
+    details: Vec<(&'static str, String)>,
+}
+
+impl Refusal for Wire {
+    fn grpc_code(&self) -> Code {
+        self.grpc
+    }
+    fn stable_code(&self) -> &'static str {
+        self.code
+    }
+    fn details(&self) -> Vec<(&'static str, String)> {
+        self.details.clone()
+    }
 }
 
 /// What prost says of a string field that is not UTF-8.
@@ -120,32 +189,32 @@ pub(super) fn undecodable(message: &'static str, error: &prost::DecodeError) -> 
         .collect::<Vec<_>>()
         .join(".");
     if why == INVALID_STRING && !path.is_empty() {
-        return refusal(
-            Code::InvalidArgument,
-            codes::INVALID_UTF8,
-            format!(
+        return Wire {
+            grpc: Code::InvalidArgument,
+            code: codes::INVALID_UTF8,
+            message: format!(
                 "{}: {path} of {message} is not valid UTF-8",
                 codes::INVALID_UTF8
             ),
-            [("field", path), ("message", message.to_owned())],
-            None,
-        );
+            details: vec![("field", path), ("message", message.to_owned())],
+        }
+        .status();
     }
-    let mut metadata = vec![("message", message.to_owned()), ("reason", why.to_owned())];
+    let mut details = vec![("message", message.to_owned()), ("reason", why.to_owned())];
     if !path.is_empty() {
-        metadata.push(("field", path));
+        details.push(("field", path));
     }
-    refusal(
-        Code::InvalidArgument,
-        codes::MALFORMED_REQUEST,
-        format!(
+    Wire {
+        grpc: Code::InvalidArgument,
+        code: codes::MALFORMED_REQUEST,
+        message: format!(
             "{}: the request is not a valid {message}: {}",
             codes::MALFORMED_REQUEST,
             text.strip_prefix(DECODE_PREFIX).unwrap_or(&text)
         ),
-        metadata,
-        None,
-    )
+        details,
+    }
+    .status()
 }
 
 /// How prost's `DecodeError` starts its `Display`.
@@ -174,17 +243,17 @@ fn decode_error_parts(text: &str) -> (Vec<(&str, &str)>, &str) {
 /// limit is the server's (`[limits] max_message_bytes`), so asking again
 /// with the same message cannot help: no `RetryInfo`.
 pub(super) fn message_too_large(size: usize, limit: usize) -> Status {
-    refusal(
-        Code::ResourceExhausted,
-        codes::MESSAGE_TOO_LARGE,
-        format!(
+    Wire {
+        grpc: Code::ResourceExhausted,
+        code: codes::MESSAGE_TOO_LARGE,
+        message: format!(
             "{}: the request message is {size} bytes, more than the {limit} this server takes \
              ([limits] max_message_bytes)",
             codes::MESSAGE_TOO_LARGE
         ),
-        [("size", size.to_string()), ("limit", limit.to_string())],
-        None,
-    )
+        details: vec![("size", size.to_string()), ("limit", limit.to_string())],
+    }
+    .status()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //!
 //! tonic's own `Server::timeout` answers `CANCELLED` with no code, which a
 //! client cannot tell from its own cancellation; this layer answers as
-//! every other refusal does (`crate::refusal::refusal`). The client's
+//! every other refusal does (`crate::refusal::Refusal`). The client's
 //! `grpc-timeout`, when shorter, still ends the call first (tonic's).
 //!
 //! What a timed-out `NextAction` leaves: a decision whose record was
@@ -26,7 +26,7 @@ use tonic::Code;
 use tower::{Layer, Service};
 
 use crate::budget::codes;
-use crate::refusal::refusal;
+use crate::refusal::Refusal;
 
 /// The layer that bounds every call to `limit`.
 #[derive(Debug, Clone, Copy)]
@@ -118,20 +118,31 @@ where
     }
 }
 
+/// A call that ran past the server's `request_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}: the call ran past the server's request_timeout ({} ms); \
+     a report is idempotent per attempt: send the same one again",
+    codes::REQUEST_TIMEOUT,
+    .0.as_millis()
+)]
+struct TimedOut(Duration);
+
+impl Refusal for TimedOut {
+    fn grpc_code(&self) -> Code {
+        Code::DeadlineExceeded
+    }
+    fn stable_code(&self) -> &'static str {
+        codes::REQUEST_TIMEOUT
+    }
+    fn details(&self) -> Vec<(&'static str, String)> {
+        vec![("request_timeout_ms", self.0.as_millis().to_string())]
+    }
+}
+
 /// The answer to a call that ran past `limit`.
 fn timed_out(limit: Duration) -> tonic::Status {
-    let ms = limit.as_millis().to_string();
-    refusal(
-        Code::DeadlineExceeded,
-        codes::REQUEST_TIMEOUT,
-        format!(
-            "{}: the call ran past the server's request_timeout ({ms} ms); \
-             a report is idempotent per attempt: send the same one again",
-            codes::REQUEST_TIMEOUT
-        ),
-        [("request_timeout_ms", ms)],
-        None,
-    )
+    TimedOut(limit).status()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use super::Health;
 use crate::budget::codes;
-use crate::refusal::refusal;
+use crate::refusal::Refusal;
 
 /// The wait a refused call is told to take before it asks again.
 pub(crate) const COME_BACK: Duration = Duration::from_secs(1);
@@ -98,17 +98,28 @@ async fn serve<H: Health>(
     let _ = connection.await;
 }
 
+/// A call on a connection past the bound: come back on a new one.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}: this server has as many connections as it serves at once; \
+     this connection closes, try again on a new one",
+    codes::TOO_MANY_CONNECTIONS
+)]
+pub(crate) struct TooManyConnections;
+
+impl Refusal for TooManyConnections {
+    fn grpc_code(&self) -> Code {
+        Code::Unavailable
+    }
+    fn stable_code(&self) -> &'static str {
+        codes::TOO_MANY_CONNECTIONS
+    }
+    fn retry_after(&self) -> Option<Duration> {
+        Some(COME_BACK)
+    }
+}
+
 /// The answer to a call on a connection past the bound.
 pub(crate) fn too_many_connections() -> tonic::Status {
-    refusal(
-        Code::Unavailable,
-        codes::TOO_MANY_CONNECTIONS,
-        format!(
-            "{}: this server has as many connections as it serves at once; \
-             this connection closes, try again on a new one",
-            codes::TOO_MANY_CONNECTIONS
-        ),
-        [],
-        Some(COME_BACK),
-    )
+    TooManyConnections.status()
 }

@@ -13,24 +13,27 @@
 //   deferred attempt again there takes the slot's token before it runs;
 // - succeeded(): RecordSuccess.
 //
+// Each also counts the call the framework ran for the traffic reports
+// (traffic.js): countFailure() after a failed one, succeeded() after a
+// successful one. The service paces each dependency's retries by its
+// successes, so a worker that did not count them would leave its
+// dependency at the floor.
+//
 // The attempt is the framework's own; the service counts attempts without
 // gaps and a deferral consumes none, so after a deferral or a period when
 // the service was down the service's next attempt (from GetActivity) is
 // reported instead, and the log line names both.
 //
-// `dependency` goes into every log line, and into the requests once the
-// proto has a `dependency` field (issue #52): it is sent only when the
-// loaded NextActionRequest has one.
+// `dependency` goes into every log line, every NextAction and
+// RecordSuccess, and the traffic counts.
 
-import { RetryBudgetClient, packageDefinition } from './retry_budget_client.js';
+import { RetryBudgetClient } from './retry_budget_client.js';
+import { DEFAULT_TRAFFIC_INTERVAL_MS, validateDependency } from './traffic.js';
 
 /** gRPC status names that mean the service did not decide: fall back. */
 const UNREACHABLE = new Set([
   'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'ABORTED', 'RESOURCE_EXHAUSTED', 'INTERNAL', 'UNKNOWN', 'CANCELLED',
 ]);
-
-const hasField = (message, name) =>
-  packageDefinition[`retrybudget.v1.${message}`].type.field.some((f) => f.name === name);
 
 /**
  * Connection errors and timeouts (Node's `ECONNREFUSED`, `ETIMEDOUT`, ...,
@@ -57,27 +60,40 @@ export class Advisor {
    * @param {object} settings
    * @param {string} settings.server host:port of the retry-budget server.
    * @param {string} [settings.tenant] sent as x-tenant-id.
-   * @param {string} [settings.dependency] what the job calls; logged, and sent once the proto has it (#52).
+   * @param {string} [settings.dependency] what the job calls ('payments-api'; up to 64 printable ASCII
+   *   characters without spaces): named in every NextAction and RecordSuccess, so a retry takes a token of
+   *   its budget, and in the traffic counts that pace it. '' is the default dependency.
    * @param {object} [settings.policy] { max_attempts, deadline_seconds, base, cap } on the first report.
    * @param {(err: Error) => string | object} [settings.classify] a class name or an ErrorDetail object.
    * @param {number} [settings.deadlineMs] how long one call may take (default 2000).
    * @param {string} [settings.apiKey] for a server run with --auth api-keys.
    * @param {{info: Function, warn: Function, error: Function}} [settings.logger] default: console.
+   * @param {number | null} [settings.trafficIntervalMs] how often the calls counted are sent
+   *   (ReportTraffic), default 1000; null turns counting off.
    * @param {string} framework named in the fallback message.
    */
   constructor(settings, framework) {
-    this.settings = { dependency: '', classify: classifyDefault, deadlineMs: 2000, logger: console, ...settings };
+    this.settings = {
+      dependency: '', classify: classifyDefault, deadlineMs: 2000, logger: console,
+      trafficIntervalMs: DEFAULT_TRAFFIC_INTERVAL_MS, ...settings,
+    };
+    // A name the service refuses would make every report fail: say so
+    // where the settings are written, not on the first failure.
+    validateDependency(this.settings.dependency);
     this.framework = framework;
     this.client = new RetryBudgetClient(this.settings.server, {
       tenant: this.settings.tenant,
       apiKey: this.settings.apiKey,
       deadlineMs: this.settings.deadlineMs,
+      trafficIntervalMs: this.settings.trafficIntervalMs,
+      logger: this.settings.logger,
     });
     this.down = false;
   }
 
+  /** Sends the traffic counts left and closes the channel; never rejects. */
   close() {
-    this.client.close();
+    return this.client.close();
   }
 
   get log() {
@@ -127,9 +143,7 @@ export class Advisor {
     if (typeof classification === 'string') req.error_class = classification;
     else req.error = classification;
     if (this.settings.policy) req.policy = this.settings.policy;
-    if (this.settings.dependency && hasField('NextActionRequest', 'dependency')) {
-      req.dependency = this.settings.dependency;
-    }
+    req.dependency = this.settings.dependency;
     return req;
   }
 
@@ -249,16 +263,29 @@ export class Advisor {
     return plan;
   }
 
-  /** RecordSuccess; a service that cannot be reached is logged, never thrown. */
+  /**
+   * Counts one failed call to the dependency for the traffic reports.
+   * Called once per failed attempt, not per question about it.
+   */
+  countFailure() {
+    this.client.recordCall(this.settings.dependency, false);
+  }
+
+  /** RecordSuccess, and the successful call counted; a service that cannot be reached is logged, never thrown. */
   async succeeded(activityId) {
-    const req = { activity_id: activityId };
-    if (this.settings.dependency && hasField('RecordSuccessRequest', 'dependency')) req.dependency = this.settings.dependency;
+    const { dependency } = this.settings;
+    const req = { activity_id: activityId, dependency };
     try {
       const r = await this.client.recordSuccess(req);
+      // The service counted the success with the RecordSuccess (every one
+      // counts a success of its dependency): the report adds the call only.
+      this.client.recordCall(dependency, true, { successRecorded: true });
       this.reached();
       this.log.info(`retry-budget success: activity=${activityId} dependency=${this.settings.dependency} ` +
         `status=${r.status} changed=${r.changed}`);
     } catch (err) {
+      // Not counted by the service: the traffic report carries it.
+      this.client.recordCall(dependency, true);
       this.fallback(err, activityId, 0);
     }
   }

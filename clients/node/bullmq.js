@@ -25,7 +25,11 @@
 //   once; a job that comes back after a deferral asks the deferred attempt
 //   again before it runs (taking the booked slot's token) and is delayed
 //   again, without using one of BullMQ's attempts, if its slot is not there
-//   yet; a success calls RecordSuccess.
+//   yet; a success calls RecordSuccess with the dependency. Every run of
+//   the job's function is counted for the traffic reports (a success or a
+//   failure of the dependency; a DelayedError or RateLimitError it throws
+//   itself is neither), sent in the background about once a second; the
+//   strategy alone counts the failures it is asked about.
 //
 // When the service cannot be reached the strategy returns what BullMQ's own
 // `fallback` backoff (`fixed` or `exponential`, with `delay` and `jitter`)
@@ -48,7 +52,7 @@ export const activityKey = (job) => `${job.queueName}:${job.id}`;
 export class RetryBudgetBackoff {
   /**
    * @param {object} settings the Advisor's settings (server, tenant, dependency, policy, classify,
-   *   deadlineMs, apiKey, logger), and:
+   *   deadlineMs, apiKey, logger, trafficIntervalMs), and:
    * @param {{type: 'fixed' | 'exponential', delay: number, jitter?: number}} [settings.fallback]
    *   BullMQ's own backoff, used while the service cannot be reached (default exponential, 1 s).
    */
@@ -59,8 +63,9 @@ export class RetryBudgetBackoff {
     this.backoffStrategy = (attemptsMade, type, err, job) => this.delayFor(attemptsMade, type, err, job);
   }
 
+  /** Sends the traffic counts left and closes the channel; the promise never rejects. */
   close() {
-    this.advisor.close();
+    return this.advisor.close();
   }
 
   fallbackDelay(attemptsMade) {
@@ -74,7 +79,12 @@ export class RetryBudgetBackoff {
   }
 
   async delayFor(attemptsMade, type, err, job) {
-    const plan = err?.[PLAN] ?? (await this.advisor.failed(activityKey(job), attemptsMade, err, { workflowId: job.parentKey ?? '' }));
+    let plan = err?.[PLAN];
+    if (!plan) {
+      // Without processor(): the failure was counted by no one yet.
+      this.advisor.countFailure();
+      plan = await this.advisor.failed(activityKey(job), attemptsMade, err, { workflowId: job.parentKey ?? '' });
+    }
     if (plan.kind === 'fallback') return this.fallbackDelay(attemptsMade);
     return RetryBudgetBackoff.delayOf(plan);
   }
@@ -98,7 +108,10 @@ export class RetryBudgetBackoff {
       try {
         result = await fn(job, token);
       } catch (err) {
-        if (err instanceof DelayedError || err instanceof UnrecoverableError || err?.name === 'RateLimitError') throw err;
+        // Control flow the job asked for itself: no answer of the dependency.
+        if (err instanceof DelayedError || err?.name === 'RateLimitError') throw err;
+        this.advisor.countFailure();
+        if (err instanceof UnrecoverableError) throw err;
         const plan = await this.advisor.failed(key, attempt, err, { workflowId: job.parentKey ?? '', frameworkAttempt });
         if (plan.kind === 'stop') {
           const stop = new UnrecoverableError(`retry-budget: ${plan.code}: ${plan.reason} (${err?.message ?? err})`);

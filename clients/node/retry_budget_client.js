@@ -19,6 +19,10 @@
 //     });
 //     if (d.code === 'schedule_retry') { /* wait until d.not_before, run attempt 2 */ }
 //
+// `rb.traffic` (traffic.js) counts the worker's calls to each dependency
+// and sends the counts by itself about once a second: the service paces
+// each dependency's retries by its successes, which only the worker sees.
+//
 // Conventions (the README explains why):
 // - requests and responses are plain objects whose field names are the
 //   proto's, snake_case (`activity_id`, `not_before`);
@@ -40,6 +44,8 @@ import { fileURLToPath } from 'node:url';
 
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
+
+import { DEFAULT_TRAFFIC_INTERVAL_MS, TrafficReporter } from './traffic.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const PROTO_FILE = 'retrybudget/v1/retry_budget.proto';
@@ -475,18 +481,47 @@ export class RetryBudgetClient {
    * @param {number} [options.deadlineMs] how long each call may take (default 10 s).
    * @param {grpc.ChannelCredentials} [options.credentials] default: plaintext.
    * @param {object} [options.channelOptions] grpc-js channel options.
+   * @param {number | null} [options.trafficIntervalMs] how often `traffic` sends the calls counted
+   *   (ReportTraffic), default 1000; null turns counting off.
+   * @param {{info: Function, warn: Function, error: Function}} [options.logger] where `traffic`
+   *   says that reports fail; default: console.
    */
-  constructor(address, { tenant, apiKey, deadlineMs = DEFAULT_DEADLINE_MS, credentials, channelOptions } = {}) {
+  constructor(
+    address,
+    {
+      tenant, apiKey, deadlineMs = DEFAULT_DEADLINE_MS, credentials, channelOptions,
+      trafficIntervalMs = DEFAULT_TRAFFIC_INTERVAL_MS, logger = console,
+    } = {},
+  ) {
     this.address = address;
     this.tenant = tenant ?? null;
     this.apiKey = apiKey ?? null;
     this.deadlineMs = deadlineMs;
     this.stub = new ServiceClient(address, credentials ?? grpc.credentials.createInsecure(), channelOptions);
+    /** Counts calls per dependency and sends them (ReportTraffic): see traffic.js. */
+    this.traffic = new TrafficReporter(this, { intervalMs: trafficIntervalMs, logger });
   }
 
-  /** Closes the channel. */
+  /**
+   * Sends the traffic counts left, then closes the channel. The returned
+   * promise never rejects; with nothing left to send the channel is closed
+   * at once.
+   */
   close() {
-    this.stub.close();
+    if (this.traffic.counts.size === 0 && !this.traffic.sending) {
+      this.traffic.close();
+      this.stub.close();
+      return Promise.resolve();
+    }
+    return this.traffic.close().then(() => this.stub.close());
+  }
+
+  /**
+   * Counts one call to `dependency` for the next traffic report
+   * (`TrafficReporter.recordCall`).
+   */
+  recordCall(dependency, ok, options) {
+    this.traffic.recordCall(dependency, ok, options);
   }
 
   /**
@@ -520,10 +555,13 @@ export class RetryBudgetClient {
    * NextAction: what to do after a failed attempt.
    *
    * Durable form (no `budget`): `{ activity_id, attempt, error_class or
-   * error, policy?, occurred_at?, workflow_id?, dry_run? }`; the service
-   * counts attempts and records the decision before it replies. Pure form:
-   * `{ budget: { attempts, max_attempts, elapsed, deadline }, error_class,
-   * activity_id? }`; nothing is stored.
+   * error, policy?, occurred_at?, workflow_id?, dependency?, dry_run? }`;
+   * the service counts attempts and records the decision before it
+   * replies. Pure form: `{ budget: { attempts, max_attempts, elapsed,
+   * deadline }, error_class, activity_id?, dependency? }`; nothing is
+   * stored. `dependency` names what the failed call went to
+   * ('payments-api'; '' is the default one): a retry takes a token of its
+   * budget.
    */
   nextAction(request, options) {
     return this.call('NextAction', 'NextActionRequest', 'NextActionResponse', request, options);
@@ -531,7 +569,10 @@ export class RetryBudgetClient {
 
   /**
    * RecordSuccess: closes the activity, idempotently.
-   * Request: `{ activity_id, occurred_at? }`; response `{ status, changed }`.
+   * Request: `{ activity_id, occurred_at?, dependency? }`; response `{ status, changed }`.
+   * The service counts every RecordSuccess as one success of `dependency`
+   * ('' is the default one): count that call with `recordCall(dependency,
+   * true, { successRecorded: true })`, or its success is counted twice.
    */
   recordSuccess(request, options) {
     return this.call('RecordSuccess', 'RecordSuccessRequest', 'RecordSuccessResponse', request, options);
@@ -546,6 +587,17 @@ export class RetryBudgetClient {
   }
 
   /**
+   * ReportTraffic: `{ dependencies: [{ dependency, calls, successes, failures }] }`
+   * since the last report, answered with each one's pace `{ dependencies:
+   * [{ dependency, allowed_rate, success_rate, rule, explanation, ... }] }`.
+   * An empty request reads the pace of every dependency the service
+   * tracks. `traffic` sends these by itself; call this to read the paces.
+   */
+  reportTraffic(request, options) {
+    return this.call('ReportTraffic', 'ReportTrafficRequest', 'ReportTrafficResponse', request, options);
+  }
+
+  /**
    * GetActivity: the activity's budget and every recorded decision.
    * Request: `{ activity_id }`. Rejects with NOT_FOUND for an unknown one.
    */
@@ -555,3 +607,4 @@ export class RetryBudgetClient {
 }
 
 export { grpc };
+export { TrafficReporter, validateDependency } from './traffic.js';

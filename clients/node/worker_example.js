@@ -6,14 +6,20 @@
 // transient error the first N times (--failures), and for each failure:
 //
 //   1. reports it (NextAction, durable form: activity_id, attempt,
-//      error_class, policy, occurred_at); the service counts the attempts,
-//      decides, and makes the decision durable before it replies;
+//      error_class, policy, occurred_at, and the dependency the call went
+//      to); the service counts the attempts, decides, and makes the
+//      decision durable before it replies;
 //   2. on schedule_retry, waits until `not_before`, then runs the next
 //      attempt; on deferred, waits until `not_before` and reports the same
 //      attempt again (a slot is booked for it then); on anything else
 //      (attempts_exhausted, deadline_exceeded, fail_permanent,
 //      manual_review) stops: the activity is closed or parked;
-//   3. on success, RecordSuccess closes the activity.
+//   3. on success, RecordSuccess closes the activity; with the dependency,
+//      it also counts one success of it.
+//
+// Every call is counted in the client (`client.recordCall`), which sends
+// the counts by itself about once a second (ReportTraffic): the service
+// allows a dependency's retries in proportion to its successes.
 //
 // The attempt counter is not trusted to worker memory: on start the worker
 // asks GetActivity whether the activity already has failures recorded (a
@@ -29,7 +35,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { RetryBudgetClient, RetryBudgetError, grpc } from './retry_budget_client.js';
+import { RetryBudgetClient, RetryBudgetError, grpc, validateDependency } from './retry_budget_client.js';
 
 /** A failure that may succeed when tried again (timeout, 503, reset). */
 export class TransientError extends Error {}
@@ -39,7 +45,9 @@ export class PermanentError extends Error {}
 
 /** A fake downstream service: fails `failures` times, then succeeds. */
 export class FlakyDependency {
-  constructor(failures, ErrorType = TransientError) {
+  constructor(failures, ErrorType = TransientError, name = 'flaky-api') {
+    /** What NextAction, RecordSuccess and the traffic counts call it. */
+    this.name = name;
     this.failures = failures;
     this.ErrorType = ErrorType;
     this.calls = 0;
@@ -77,7 +85,7 @@ async function sleepUntil(date, log) {
 // Reports one failed attempt until the answer is not a deferral: a deferral
 // consumes no attempt, so the same attempt is reported again at its
 // not_before, when the slot booked for it comes, never in a busy loop.
-async function report(client, activityId, attempt, errorClass, policy, occurredAt, log) {
+async function report(client, activityId, attempt, errorClass, policy, occurredAt, dependency, log) {
   for (;;) {
     const decision = await client.nextAction({
       activity_id: activityId,
@@ -85,6 +93,7 @@ async function report(client, activityId, attempt, errorClass, policy, occurredA
       error_class: errorClass,
       policy,
       occurred_at: occurredAt,
+      dependency,
     });
     log(`  decision: ${decision.code}${decision.replayed ? ' (replayed)' : ''} -- ${decision.reason}`);
     if (decision.code !== 'deferred') return decision;
@@ -119,7 +128,7 @@ export async function runActivity(client, activityId, dependency, policy, log = 
       // It stopped while deferred: that failure is reported but not yet
       // decided. Report it again when its slot comes; do not run it twice.
       log(`resuming activity ${activityId}: attempt ${attempt} was deferred`);
-      const decision = await report(client, activityId, attempt, last.error_class, policy, last.occurred_at, log);
+      const decision = await report(client, activityId, attempt, last.error_class, policy, last.occurred_at, dependency.name, log);
       if (decision.code !== 'schedule_retry') return decision.code;
       await sleepUntil(decision.not_before, log);
       attempt += 1;
@@ -135,10 +144,11 @@ export async function runActivity(client, activityId, dependency, policy, log = 
     try {
       result = await dependency.call(activityId);
     } catch (err) {
+      client.recordCall(dependency.name, false);
       const errorClass = classify(err);
       const occurredAt = new Date(); // in a real worker: from the history
       log(`attempt ${attempt} failed (${errorClass}): ${err.message}`);
-      const decision = await report(client, activityId, attempt, errorClass, policy, occurredAt, log);
+      const decision = await report(client, activityId, attempt, errorClass, policy, occurredAt, dependency.name, log);
       if (decision.code !== 'schedule_retry') {
         log(`stopping: ${decision.code}`);
         return decision.code;
@@ -148,14 +158,16 @@ export async function runActivity(client, activityId, dependency, policy, log = 
       continue;
     }
     log(`attempt ${attempt} succeeded: ${result}`);
-    const done = await client.recordSuccess({ activity_id: activityId });
+    const done = await client.recordSuccess({ activity_id: activityId, dependency: dependency.name });
+    // The service counted the success with RecordSuccess: the call only.
+    client.recordCall(dependency.name, true, { successRecorded: true });
     log(`recorded success: ${done.status}`);
     return 'succeeded';
   }
 }
 
 const USAGE = `usage: node worker_example.js [--server HOST:PORT] [--tenant NAME] [--api-key KEY] [--activity-id ID]
-       [--failures N] [--error transient|permanent] [--max-attempts N] [--deadline SECONDS]
+       [--failures N] [--error transient|permanent] [--dependency NAME] [--max-attempts N] [--deadline SECONDS]
        [--base SECONDS] [--cap SECONDS]`;
 
 function integer(options, name) {
@@ -178,6 +190,7 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
         'activity-id': { type: 'string' },
         failures: { type: 'string', default: '2' },
         error: { type: 'string', default: 'transient' },
+        dependency: { type: 'string', default: 'flaky-api' },
         'max-attempts': { type: 'string', default: '5' },
         deadline: { type: 'string', default: '60' },
         // Seconds. Base 0 makes every delay the 1 s floor (no jitter), so the
@@ -200,6 +213,7 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
       activityId: values['activity-id'] ?? `example-${randomUUID().slice(0, 12)}`,
       failures: integer(values, 'failures'),
       ErrorType: values.error === 'transient' ? TransientError : PermanentError,
+      dependency: validateDependency(values.dependency),
       policy: {
         max_attempts: integer(values, 'max-attempts'),
         deadline_seconds: integer(values, 'deadline'),
@@ -212,7 +226,7 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
     return 2;
   }
 
-  const dependency = new FlakyDependency(args.failures, args.ErrorType);
+  const dependency = new FlakyDependency(args.failures, args.ErrorType, args.dependency);
   log(`activity ${args.activityId}, policy ${JSON.stringify(args.policy)}, dependency fails ${args.failures} time(s)`);
   const client = new RetryBudgetClient(args.server, { tenant: args.tenant, apiKey: args.apiKey });
   let code;
@@ -224,7 +238,7 @@ export async function main(argv = process.argv.slice(2), log = console.log) {
     console.error(`retry-budget call failed: ${err.grpcStatus} ${err.details}${code}`);
     return 2;
   } finally {
-    client.close();
+    await client.close(); // sends the traffic counts left
   }
   log(`done: ${code} after ${dependency.calls} call(s) to the dependency`);
   return code === 'succeeded' ? 0 : 1;

@@ -6,13 +6,19 @@ It runs one activity against a flaky fake dependency that fails with a
 transient error the first N times (--failures), and for each failure:
 
   1. reports it (NextAction, durable form: activity_id, attempt, error_class,
-     policy, occurred_at) -- the service counts the attempts, decides, and
-     makes the decision durable before it replies;
+     policy, occurred_at, and the dependency the call went to) -- the
+     service counts the attempts, decides, and makes the decision durable
+     before it replies;
   2. on schedule_retry, sleeps until `not_before`, then runs the next attempt;
      on deferred, sleeps until `not_before` and asks again for the same
      attempt; on anything else (attempts_exhausted, deadline_exceeded,
      fail_permanent, manual_review) stops: the activity is closed or parked;
-  3. on success, RecordSuccess closes the activity.
+  3. on success, RecordSuccess closes the activity; with the dependency, it
+     also counts one success of it.
+
+Every call is counted in the client (`client.record_call`), which sends the
+counts by itself about once a second (ReportTraffic): the service allows a
+dependency's retries in proportion to its successes.
 
 The attempt counter is not trusted to worker memory: on start the worker asks
 GetActivity whether the activity already has failures recorded (a restarted
@@ -34,7 +40,7 @@ import uuid
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retry_budget import RetryBudget, error_code, pb2, to_unix  # noqa: E402
+from retry_budget import RetryBudget, error_code, pb2, to_unix, validate_dependency  # noqa: E402
 
 
 class TransientError(Exception):
@@ -48,7 +54,9 @@ class PermanentError(Exception):
 class FlakyDependency:
     """A fake downstream service: fails `failures` times, then succeeds."""
 
-    def __init__(self, failures: int, error: type = TransientError):
+    def __init__(self, failures: int, error: type = TransientError, name: str = "flaky-api"):
+        #: What NextAction, RecordSuccess and the traffic counts call it.
+        self.name = name
         self.failures = failures
         self.error = error
         self.calls = 0
@@ -103,18 +111,21 @@ def run_activity(client: RetryBudget, activity_id: str, dependency: FlakyDepende
         try:
             result = dependency.call(activity_id)
         except Exception as exc:  # noqa: BLE001 - classified just below
+            client.record_call(dependency.name, False)
             klass = classify(exc)
             occurred_at = time.time()  # in a real worker: from the history
             log("attempt %d failed (%s): %s" % (attempt, klass, exc))
             while True:
                 decision = client.report_failure(
-                    activity_id, attempt, klass, policy=policy, occurred_at=occurred_at)
+                    activity_id, attempt, klass, policy=policy, occurred_at=occurred_at,
+                    dependency=dependency.name)
                 log("  decision: %s%s -- %s" % (
                     decision.code, " (replayed)" if decision.replayed else "", decision.reason))
                 if decision.code != "deferred":
                     break
-                # The global capacity is exhausted for now: ask again for the
-                # same attempt when the booked slot comes, not in a busy loop.
+                # The dependency's budget or the global one is exhausted for
+                # now: ask again for the same attempt when the booked slot
+                # comes, not in a busy loop.
                 log("  deferred: %s" % decision.defer_reason)
                 sleep_until(to_unix(decision.not_before), log)
             if decision.code != "schedule_retry":
@@ -125,9 +136,18 @@ def run_activity(client: RetryBudget, activity_id: str, dependency: FlakyDepende
             continue
 
         log("attempt %d succeeded: %s" % (attempt, result))
-        done = client.record_success(activity_id)
+        done = client.record_success(activity_id, dependency=dependency.name)
+        # The service counted the success with RecordSuccess: the call only.
+        client.record_call(dependency.name, True, success_recorded=True)
         log("recorded success: %s" % pb2.ActivityStatus.Name(done.status))
         return "succeeded"
+
+
+def dependency_name(text: str) -> str:
+    try:
+        return validate_dependency(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err))
 
 
 def main(argv=None) -> int:
@@ -140,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--activity-id", default=None, help="default: a fresh example-<uuid>")
     ap.add_argument("--failures", type=int, default=2,
                     help="how many times the fake dependency fails first (default 2)")
+    ap.add_argument("--dependency", default="flaky-api", type=dependency_name,
+                    help="the fake dependency's name (default flaky-api)")
     ap.add_argument("--error", choices=["transient", "permanent"], default="transient",
                     help="how the fake dependency fails")
     ap.add_argument("--max-attempts", type=int, default=5)
@@ -155,7 +177,7 @@ def main(argv=None) -> int:
     policy = {"max_attempts": args.max_attempts, "deadline_seconds": args.deadline,
               "base": args.base, "cap": args.cap}
     error = TransientError if args.error == "transient" else PermanentError
-    dependency = FlakyDependency(args.failures, error)
+    dependency = FlakyDependency(args.failures, error, args.dependency)
 
     print("activity %s, policy %s, dependency fails %d time(s)" % (
         activity_id, policy, args.failures))

@@ -13,7 +13,7 @@ import IORedis from 'ioredis';
 
 import { RetryBudgetClient } from '../retry_budget_client.js';
 import { BACKOFF_TYPE, RetryBudgetBackoff } from '../bullmq.js';
-import { startServer } from '../testing/server.js';
+import { GLOBAL_BUDGET_ONLY, startServer } from '../testing/server.js';
 
 const REDIS_URL = process.env.RB_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const POLICY = { max_attempts: 5, deadline_seconds: 120, base: 0, cap: 0 };
@@ -32,13 +32,13 @@ function memoryLogger() {
 }
 
 /** A Queue, a Worker and their Redis connections for one server. */
-async function rig(server, processorFn, { fallback = { type: 'fixed', delay: 300 }, wrap = true } = {}) {
+async function rig(server, processorFn, { fallback = { type: 'fixed', delay: 300 }, wrap = true, dependency = 'smtp' } = {}) {
   const name = `rb-test-${randomUUID().slice(0, 8)}`;
   // BullMQ leaves connections it was given open: each is closed in after().
   const connections = [0, 1, 2].map(() => new IORedis(REDIS_URL, { maxRetriesPerRequest: null }));
   const logger = memoryLogger();
   const budget = new RetryBudgetBackoff({
-    server: server.address, tenant: TENANT, dependency: 'smtp', policy: POLICY, deadlineMs: 1000, logger, fallback,
+    server: server.address, tenant: TENANT, dependency, policy: POLICY, deadlineMs: 1000, logger, fallback,
   });
   const queue = new Queue(name, { connection: connections[0] });
   const events = new QueueEvents(name, { connection: connections[1] });
@@ -78,9 +78,33 @@ async function activity(server, r, job) {
   }
 }
 
+/**
+ * The (calls, successes, failures, retries admitted) the service counted for
+ * `dependency` (ReportTraffic with an empty request), once they are
+ * `expected` or `timeoutMs` has passed: the strategy sends its counts about
+ * once a second, in the background. A retry is admitted by the budget of
+ * the dependency its NextAction named.
+ */
+async function traffic(server, dependency, expected, timeoutMs = 10_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const rb = new RetryBudgetClient(server.address, { trafficIntervalMs: null });
+    const { dependencies } = await rb.reportTraffic({}).finally(() => rb.close());
+    const p = dependencies.find((d) => d.dependency === dependency);
+    const seen = p ? [p.calls, p.successes, p.failures, p.retries_admitted].map(Number) : null;
+    if (JSON.stringify(seen) === JSON.stringify(expected) || Date.now() > deadline) return seen;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+// Every server runs a static dependency rate at the global one: these tests
+// are about how BullMQ schedules what the service plans, with retries back
+// to back in one dependency, which the adaptive default would hold to one a
+// second for a dependency with no successes yet (test/traffic.test.js runs
+// that default).
 before(async () => {
-  servers.plain = await startServer();
-  servers.tight = await startServer(['--retry-rate', '1', '--retry-burst', '1']);
+  servers.plain = await startServer(GLOBAL_BUDGET_ONLY);
+  servers.tight = await startServer([...GLOBAL_BUDGET_ONLY, '--retry-rate', '1', '--retry-burst', '1']);
 });
 
 after(async () => {
@@ -89,7 +113,7 @@ after(async () => {
     await r.events.close();
     await r.queue.obliterate({ force: true }).catch(() => {});
     await r.queue.close();
-    r.budget.close();
+    await r.budget.close();
     for (const c of r.connections) c.disconnect();
   }
   for (const s of Object.values(servers)) await s.stop();
@@ -112,6 +136,17 @@ test('two transient failures then success: three runs, each retry at the service
   });
   assert.ok(r.logger.lines.some((l) => l.includes(`activity=${r.name}:${job.id} attempt=1 dependency=smtp code=schedule_retry`)),
     r.logger.lines.join('\n'));
+});
+
+test('each run is counted for its dependency and sent by itself', async () => {
+  const starts = {};
+  const dependency = `smtp-${randomUUID().slice(0, 8)}`;
+  const r = await rig(servers.plain, flaky(starts), { dependency });
+  const job = await add(r, { key: 'counted', failures: 2 });
+  assert.equal(await job.waitUntilFinished(r.events, 30_000), 'ok after 3');
+  // Three runs, two failed; the success counted by the RecordSuccess that
+  // named the dependency, once; both retries taken from its budget.
+  assert.deepEqual(await traffic(servers.plain, dependency, [3, 1, 2, 2]), [3, 1, 2, 2]);
 });
 
 test('the strategy alone, without processor(): it asks NextAction itself and BullMQ waits the planned delay', async () => {
@@ -164,7 +199,7 @@ test('with the global budget exhausted the job waits for the booked slot', async
 });
 
 test('the service stopped mid-run: BullMQ\'s own backoff, said once, and the job completes', async () => {
-  const server = await startServer();
+  const server = await startServer(GLOBAL_BUDGET_ONLY);
   servers.doomed = server;
   const starts = {};
   let stopped;

@@ -8,14 +8,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, beforeEach, test } from 'node:test';
 
 import { RetryBudgetClient } from '../retry_budget_client.js';
-import { startServer } from '../testing/server.js';
+import { GLOBAL_BUDGET_ONLY, startServer } from '../testing/server.js';
 import { FlakyDependency, runActivity } from '../worker_example.js';
 
 let server;
 let rb;
 
 beforeEach(async () => {
-  server = await startServer(['--retry-rate', '1', '--retry-burst', '1']);
+  server = await startServer([...GLOBAL_BUDGET_ONLY, '--retry-rate', '1', '--retry-burst', '1']);
   rb = new RetryBudgetClient(server.address, { tenant: 'node-deferral' });
 });
 

@@ -6,14 +6,14 @@ import { randomUUID } from 'node:crypto';
 import { after, before, test } from 'node:test';
 
 import { RetryBudgetClient, errorInfo, grpc, toTimestamp } from '../retry_budget_client.js';
-import { startServer } from '../testing/server.js';
+import { GLOBAL_BUDGET_ONLY, startServer } from '../testing/server.js';
 
 let server;
 let rb;
 const tenant = `node-${randomUUID().slice(0, 8)}`;
 
 before(async () => {
-  server = await startServer();
+  server = await startServer(GLOBAL_BUDGET_ONLY);
   rb = new RetryBudgetClient(server.address, { tenant });
 });
 

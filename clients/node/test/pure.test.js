@@ -5,13 +5,13 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { RetryBudgetClient, RetryBudgetError, fromTimestamp, toTimestamp } from '../retry_budget_client.js';
-import { startServer } from '../testing/server.js';
+import { GLOBAL_BUDGET_ONLY, startServer } from '../testing/server.js';
 
 let server;
 let rb;
 
 before(async () => {
-  server = await startServer();
+  server = await startServer(GLOBAL_BUDGET_ONLY);
   rb = new RetryBudgetClient(server.address, { tenant: 'node-pure' });
 });
 

@@ -10,7 +10,7 @@ import { promisify } from 'node:util';
 import { after, before, test } from 'node:test';
 
 import { RetryBudgetClient } from '../retry_budget_client.js';
-import { startServer } from '../testing/server.js';
+import { GLOBAL_BUDGET_ONLY, startServer } from '../testing/server.js';
 import { FlakyDependency, runActivity } from '../worker_example.js';
 
 const EXAMPLE = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'worker_example.js');
@@ -20,7 +20,7 @@ let server;
 let rb;
 
 before(async () => {
-  server = await startServer();
+  server = await startServer(GLOBAL_BUDGET_ONLY);
   rb = new RetryBudgetClient(server.address, { tenant: 'node-worker' });
 });
 

@@ -20,6 +20,16 @@ const REPO = path.join(PACKAGE_DIR, '..', '..');
 // `INFO retry_budget::server: serving addr=127.0.0.1:39069 service=...`.
 const SERVING = /\bserving addr=(\S+)/;
 const START_TIMEOUT_MS = 30_000;
+
+/**
+ * Server arguments for tests about the durable and pure forms, whose
+ * retries come back to back in one dependency: a static dependency rate at
+ * the global one leaves the global bucket alone in charge, as before
+ * dependencies had budgets. Under the adaptive default a dependency with no
+ * successes allows one retry a second (test/traffic.test.js runs that
+ * default).
+ */
+export const GLOBAL_BUDGET_ONLY = Object.freeze(['--dependency-rate', '100']);
 const STOP_TIMEOUT_MS = 30_000;
 
 // Servers started and not yet exited: killed if the test process ends

@@ -2,7 +2,8 @@
 
 Configured from the environment the test sets: the broker (RB_BROKER, Redis
 on 127.0.0.1:6379 by default), the queue (RB_QUEUE, one per test run), and
-the three retry-budget servers (RB_PLAIN, RB_TIGHT, RB_DOOMED). Each task
+the three retry-budget servers (RB_PLAIN, RB_TIGHT, RB_DOOMED), and the
+dependency whose traffic counts a test reads (RB_DEPENDENCY). Each task
 counts its runs in Redis under the key it is given, with each run's start
 time, so the test can compare them with the service's not_before.
 """
@@ -28,9 +29,9 @@ app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=Tru
 store = redis.Redis.from_url(BROKER)
 
 
-def _settings(env: str, **kw) -> Settings:
+def _settings(env: str, dependency: str = "smtp", **kw) -> Settings:
     return Settings(os.environ.get(env, "127.0.0.1:1"), tenant=os.environ.get("RB_TENANT"),
-                    dependency="smtp", policy=POLICY, timeout=1.0, **kw)
+                    dependency=dependency, policy=POLICY, timeout=1.0, **kw)
 
 
 def _broken_classifier(exc: BaseException) -> str:
@@ -62,6 +63,12 @@ def flaky_tight(key: str, failures: int, kind: str = "transient") -> str:
 
 @app.task(name="flaky_doomed", retry_budget=_settings("RB_DOOMED"), **OWN)
 def flaky_doomed(key: str, failures: int, kind: str = "transient") -> str:
+    return _run(key, failures, kind)
+
+
+@app.task(name="flaky_counted",
+          retry_budget=_settings("RB_PLAIN", os.environ.get("RB_DEPENDENCY", "smtp")), **OWN)
+def flaky_counted(key: str, failures: int, kind: str = "transient") -> str:
     return _run(key, failures, kind)
 
 

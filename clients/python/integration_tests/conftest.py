@@ -7,6 +7,13 @@ address and the data dir, so a test can take the service away mid-run and
 bring it back to read what it recorded.
 
 The binary is RETRY_BUDGET_BIN, else target/debug/retry-budget.
+
+Every server runs a static dependency rate at the global one
+(`GLOBAL_BUDGET_ONLY`): these tests are about how each framework schedules
+what the service plans, with retries back to back in one dependency, which
+the adaptive default would hold to one a second for a dependency with no
+successes yet (clients/python/test_traffic.py runs that default). The
+traffic counts each integration sends are read with `traffic()`.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ except ImportError:
     sys.path.insert(0, PACKAGE)
 
 SERVING = re.compile(r"\bserving addr=(\S+)")
+#: The global bucket alone decides, as before dependencies had budgets.
+GLOBAL_BUDGET_ONLY = ["--dependency-rate", "100"]
 
 
 def binary() -> str:
@@ -49,7 +58,7 @@ class Server:
     """One real server process; `target` is its host:port once started."""
 
     def __init__(self, extra_args=()):
-        self.extra_args = list(extra_args)
+        self.extra_args = GLOBAL_BUDGET_ONLY + list(extra_args)
         self.workdir = tempfile.mkdtemp(prefix="retry-budget-integrations-")
         self.target = "127.0.0.1:0"
         self.proc = None
@@ -128,6 +137,24 @@ POLICY = {"max_attempts": 5, "deadline_seconds": 120, "base": 0, "cap": 0}
 # or the test's scheduling), and how early (clock reads a hair apart).
 LATE = 1.5
 EARLY = 0.05
+
+
+def traffic(srv: Server, dependency: str, expected: tuple, timeout: float = 10.0) -> tuple:
+    """The (calls, successes, failures, retries admitted) the service counted
+    for `dependency` (ReportTraffic with an empty request), once they are
+    `expected` or `timeout` has passed: an integration sends its counts
+    about once a second, in the background. A retry is admitted by the
+    budget of the dependency its NextAction named."""
+    from retry_budget import RetryBudget
+    deadline = time.monotonic() + timeout
+    while True:
+        with RetryBudget(srv.target, traffic_interval=None) as rb:
+            paces = {p.dependency: p for p in rb.report_traffic().dependencies}
+        p = paces.get(dependency)
+        seen = (p.calls, p.successes, p.failures, p.retries_admitted) if p is not None else None
+        if seen == expected or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.1)
 
 
 def get_activity(srv: Server, tenant: str, activity_id: str):

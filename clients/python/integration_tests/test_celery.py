@@ -14,12 +14,13 @@ import pytest
 pytest.importorskip("celery")
 redis = pytest.importorskip("redis")
 
-from conftest import EARLY, HERE, LATE, drain, fresh, get_activity  # noqa: E402
+from conftest import EARLY, HERE, LATE, drain, fresh, get_activity, traffic  # noqa: E402
 import retry_budget  # noqa: E402
 from retry_budget import to_unix  # noqa: E402
 
 BROKER = os.environ.get("RB_BROKER", "redis://127.0.0.1:6379/0")
 TENANT = fresh("celery")
+DEPENDENCY = fresh("smtp")  # flaky_counted's: its counts are this module's alone
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def worker(servers, tmp_path_factory):
     queue = "rb-test-" + uuid.uuid4().hex[:8]
     env = {**os.environ, "RB_BROKER": BROKER, "RB_QUEUE": queue, "RB_TENANT": TENANT,
            "RB_PLAIN": servers["plain"].target, "RB_TIGHT": servers["tight"].target,
-           "RB_DOOMED": servers["doomed"].target,
+           "RB_DOOMED": servers["doomed"].target, "RB_DEPENDENCY": DEPENDENCY,
            # celery_app, and retry_budget as the tests import it (installed or not).
            "PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(os.path.dirname(
                retry_budget.__file__)), os.environ.get("PYTHONPATH", "")])}
@@ -81,6 +82,17 @@ def test_two_transient_failures_then_success_at_the_services_times(servers, work
     text = log_path.read_text()
     assert "retry-budget retry: activity=flaky:%s attempt=1 dependency=smtp code=schedule_retry" % (
         result.id) in text, text[-3000:]
+
+
+def test_each_run_is_counted_for_its_dependency_and_sent_by_itself(servers, worker):
+    app, _ = worker
+    key = fresh("celery-counted")
+    result = app.flaky_counted.apply_async((key, 2))
+    assert result.get(timeout=30) == "ok after 3"
+    # Three runs, two failed; the success counted by the RecordSuccess that
+    # named the dependency, once; both retries taken from its budget. The
+    # worker's reporter sends the counts.
+    assert traffic(servers["plain"], DEPENDENCY, (3, 1, 2, 2)) == (3, 1, 2, 2)
 
 
 def test_a_permanent_failure_fails_the_task_at_once(servers, worker):

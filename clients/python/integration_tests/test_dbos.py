@@ -16,12 +16,13 @@ psycopg = pytest.importorskip("psycopg")
 
 from dbos import DBOS  # noqa: E402
 
-from conftest import EARLY, LATE, POLICY, drain, fresh, get_activity  # noqa: E402
+from conftest import EARLY, LATE, POLICY, drain, fresh, get_activity, traffic  # noqa: E402
 from retry_budget import Settings, to_unix  # noqa: E402
 from retry_budget.dbos import StepRetries, budgeted_step  # noqa: E402
 
 PG = os.environ.get("RB_PG_URL", "postgresql://postgres@127.0.0.1:5432")
 TENANT = fresh("dbos")
+DEPENDENCY = fresh("inventory")  # the "counted" flow's: its counts are this module's alone
 STARTS: dict = {}  # key -> the start time of each run
 
 
@@ -39,8 +40,10 @@ def dbos(servers):
     with psycopg.connect(PG + "/postgres", autocommit=True) as conn:
         conn.execute("CREATE DATABASE " + db)
     flows = {}
-    for name in ("plain", "tight", "doomed"):
-        settings = Settings(servers[name].target, tenant=TENANT, dependency="inventory",
+    for name, srv, dependency in (("plain", "plain", "inventory"), ("tight", "tight", "inventory"),
+                                  ("doomed", "doomed", "inventory"),
+                                  ("counted", "plain", DEPENDENCY)):
+        settings = Settings(servers[srv].target, tenant=TENANT, dependency=dependency,
                             policy=POLICY, timeout=1.0)
         step = budgeted_step(settings, name="reserve_" + name,
                              fallback=StepRetries(max_attempts=6, interval_seconds=0.3,
@@ -78,6 +81,15 @@ def test_two_transient_failures_then_success_after_durable_sleeps(servers, dbos)
         assert nb - EARLY <= start <= nb + LATE, (nb, start)
     steps = [s["function_name"] for s in DBOS.list_workflow_steps(wf)]
     assert steps.count("reserve_plain") == 3 and steps.count("DBOS.sleep") == 2, steps
+
+
+def test_each_attempt_is_counted_for_its_dependency_and_sent_by_itself(servers, dbos):
+    key = fresh("dbos-counted")
+    handle, wf = run(dbos["counted"], key, 2)
+    assert handle.get_result() == "ok after 3"
+    # Three attempts, two failed; the success counted by the RecordSuccess
+    # that named the dependency, once; both retries taken from its budget.
+    assert traffic(servers["plain"], DEPENDENCY, (3, 1, 2, 2)) == (3, 1, 2, 2)
 
 
 def test_a_permanent_failure_raises_at_once(servers, dbos):

@@ -28,7 +28,7 @@ from temporalio.converter import DataConverter, DefaultFailureConverter  # noqa:
 from temporalio.exceptions import ApplicationError  # noqa: E402
 from temporalio.testing import ActivityEnvironment  # noqa: E402
 
-from conftest import EARLY, LATE, POLICY, Server, drain, fresh, get_activity  # noqa: E402
+from conftest import EARLY, LATE, POLICY, Server, drain, fresh, get_activity, traffic  # noqa: E402
 from retry_budget import RetryBudget, Settings, pb2, to_unix  # noqa: E402
 from retry_budget.temporal import with_retry_budget  # noqa: E402
 
@@ -97,8 +97,8 @@ def planned_not_before(failure: Failure) -> float:
     return details[0]["not_before"]
 
 
-def settings(srv, tenant, **kw) -> Settings:
-    return Settings(srv.target, tenant=tenant, dependency="payments-api", policy=POLICY, **kw)
+def settings(srv, tenant, dependency="payments-api", **kw) -> Settings:
+    return Settings(srv.target, tenant=tenant, dependency=dependency, policy=POLICY, **kw)
 
 
 def test_two_transient_failures_then_success_at_the_services_times(servers, caplog):
@@ -129,6 +129,22 @@ def test_two_transient_failures_then_success_at_the_services_times(servers, capl
     logged = [r.getMessage() for r in caplog.records if "schedule_retry" in r.getMessage()]
     assert len(logged) == 2 and all("dependency=payments-api" in m and "reason=" in m
                                     for m in logged), logged
+
+
+def test_each_attempt_is_counted_for_its_dependency_and_sent_by_itself(servers):
+    tenant, wf, dependency = fresh("temporal"), fresh("wf"), fresh("payments")
+    dep = Dependency(2)
+
+    @activity.defn
+    @with_retry_budget(settings(servers["plain"], tenant, dependency))
+    async def charge() -> str:
+        return await dep.call()
+
+    result, _ = asyncio.run(run_like_temporal(charge, wf, "1"))
+    assert result == "ok"
+    # Three calls, two failed; the success counted by the RecordSuccess that
+    # named the dependency, once; both retries taken from its budget.
+    assert traffic(servers["plain"], dependency, (3, 1, 2, 2)) == (3, 1, 2, 2)
 
 
 def test_a_permanent_failure_is_non_retryable_at_once(servers):

@@ -14,6 +14,12 @@ the `Advisor` how it ended and gets a `Plan` back:
   token before the attempt runs, as the service's worker loop says.
 - `succeeded()`: RecordSuccess.
 
+Each also counts the call the framework ran for the traffic reports
+(`retry_budget.traffic`): `count_failure()` after a failed one,
+`succeeded()` after a successful one. The service paces each dependency's
+retries by its successes, so a worker that did not count them would leave
+its dependency at the floor.
+
 Attempts are the framework's own (Temporal's `activity.info().attempt`,
 Celery's `request.retries + 1`). The service counts attempts without gaps
 and a deferral consumes none, so after a deferral or a period when the
@@ -22,8 +28,7 @@ service's next attempt (from GetActivity) is reported then, and the log
 line names both.
 
 `Settings.dependency` (what the activity calls) goes into every log line,
-and into the requests once the proto has a `dependency` field (issue #52):
-it is set only when the generated message has one.
+every NextAction and RecordSuccess, and the traffic counts.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import grpc
 
 from ._pb import error_detail_pb2
 from .client import RetryBudget, error_class, error_code, pb2, to_policy, to_timestamp, to_unix
+from .traffic import DEFAULT_INTERVAL, validate_dependency
 
 log = logging.getLogger("retry_budget")
 
@@ -85,8 +91,10 @@ class Settings:
     target: str
     #: Sent as x-tenant-id; None means the server's default tenant.
     tenant: Optional[str] = None
-    #: The dependency the activity calls ("payments-api"): in every log
-    #: line now, and in the requests once the proto has the field (#52).
+    #: The dependency the activity calls ("payments-api"; up to 64
+    #: printable ASCII characters without spaces): named in every
+    #: NextAction and RecordSuccess, so a retry takes a token of its budget,
+    #: and in the traffic counts that pace it. "" is the default dependency.
     dependency: str = ""
     #: The activity's policy on its first report: max_attempts,
     #: deadline_seconds, base, cap. None means the server's defaults.
@@ -98,6 +106,14 @@ class Settings:
     timeout: float = 2.0
     #: Sent as `authorization: Bearer <key>` to a server run with --auth api-keys.
     api_key: Optional[str] = None
+    #: How often the calls counted are sent (ReportTraffic), in seconds;
+    #: None turns counting off.
+    traffic_interval: Optional[float] = DEFAULT_INTERVAL
+
+    def __post_init__(self) -> None:
+        # A name the service refuses would make every report fail: say so
+        # where the settings are written, not on the first failure.
+        validate_dependency(self.dependency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,14 +140,6 @@ class Plan:
         return max(0.0, self.not_before - (time.time() if now is None else now))
 
 
-def _set_dependency(message: Any, dependency: str) -> None:
-    """Sets `dependency` when the generated message has the field (#52 adds
-    it to NextActionRequest and RecordSuccessRequest): until then it is only
-    logged."""
-    if dependency and "dependency" in message.DESCRIPTOR.fields_by_name:
-        setattr(message, "dependency", dependency)
-
-
 class Advisor:
     """One integration's link to the service: a client, the settings, and
     whether the service was last seen down (to say so once).
@@ -153,7 +161,8 @@ class Advisor:
             if self._client is None:
                 s = self.settings
                 self._client = RetryBudget(s.target, tenant=s.tenant, timeout=s.timeout,
-                                           api_key=s.api_key)
+                                           api_key=s.api_key,
+                                           traffic_interval=s.traffic_interval)
             return self._client
 
     def close(self) -> None:
@@ -204,7 +213,8 @@ class Advisor:
     def _request(self, activity_id: str, attempt: int, classification: Classification,
                  occurred_at: Any, workflow_id: str):
         req = pb2.NextActionRequest(activity_id=activity_id, attempt=attempt,
-                                    workflow_id=workflow_id or "")
+                                    workflow_id=workflow_id or "",
+                                    dependency=self.settings.dependency)
         if isinstance(classification, (str, int)):
             req.error_class = error_class(classification)
         else:
@@ -215,7 +225,6 @@ class Advisor:
         ts = to_timestamp(occurred_at if occurred_at is not None else time.time())
         assert ts is not None  # a time that is given always converts
         req.occurred_at.CopyFrom(ts)
-        _set_dependency(req, self.settings.dependency)
         return req
 
     def _ask(self, req) -> Plan:
@@ -357,15 +366,26 @@ class Advisor:
         self._log(activity_id, plan, seen)
         return plan
 
+    def count_failure(self) -> None:
+        """Counts one failed call to the dependency for the traffic reports.
+        Called once per failed attempt, not per question about it."""
+        self.client.record_call(self.settings.dependency, False)
+
     def succeeded(self, activity_id: str) -> None:
-        """RecordSuccess; a service that cannot be reached is logged, never raised."""
-        req = pb2.RecordSuccessRequest(activity_id=activity_id)
-        _set_dependency(req, self.settings.dependency)
+        """RecordSuccess, and the successful call counted; a service that
+        cannot be reached is logged, never raised."""
+        dependency = self.settings.dependency
+        req = pb2.RecordSuccessRequest(activity_id=activity_id, dependency=dependency)
         try:
             r = self.client._call("RecordSuccess", req)
         except grpc.RpcError as err:
+            # Not counted by the service: the traffic report carries it.
+            self.client.record_call(dependency, True)
             self._fallback(err, activity_id, 0)
             return
+        # The service counted the success with the RecordSuccess (every one
+        # counts a success of its dependency): the report adds the call only.
+        self.client.record_call(dependency, True, success_recorded=True)
         self._reached()
         log.info("retry-budget success: activity=%s dependency=%s status=%s changed=%s",
                  activity_id, self.settings.dependency, pb2.ActivityStatus.Name(r.status),

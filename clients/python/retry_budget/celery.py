@@ -22,7 +22,10 @@ id>`, which stays the same across Celery's retries; the attempt is
 - a stop: the exception is raised, the task fails (state FAILURE) with no
   retry.
 
-A success calls RecordSuccess. When the service cannot be reached, the task
+A success calls RecordSuccess with `Settings.dependency`; every run of the
+task's body is counted for the traffic reports (a success or a failure of
+that dependency; a `self.retry`, `Ignore` or `Reject` the task raises
+itself is neither), sent in the background. When the service cannot be reached, the task
 retries with Celery's own settings, as `autoretry_for` would: `max_retries`,
 `retry_backoff`, `retry_backoff_max`, `retry_jitter`, or
 `default_retry_delay` (logged once). Do not also set `autoretry_for` on the
@@ -112,6 +115,7 @@ class RetryBudgetTask(celery.Task):
         except (Retry, Ignore, Reject):
             raise  # the task asked for this itself
         except Exception as exc:
+            adv.count_failure()
             plan = adv.failed(key, attempt, exc, workflow_id=workflow_id,
                               framework_attempt=framework_attempt)
             if plan.kind == "fallback":

@@ -7,6 +7,11 @@
     if d.code == "schedule_retry":
         sleep until d.not_before, run attempt 2 ...
 
+`rb.traffic` counts the worker's calls to each dependency and sends the
+counts by itself about once a second (`retry_budget.traffic`): the service
+paces each dependency's retries by its successes, which only the worker
+sees. `traffic_interval=None` turns it off.
+
 The stubs are committed in `retry_budget._pb` (clients/python/gen_stubs.py
 makes them from proto/ and checks they match), so nothing is generated at
 import time and no proto/ directory is needed.
@@ -19,13 +24,14 @@ start of the error message (match on it, never on the explanation).
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Mapping, Optional, Union, cast
+from typing import Any, Mapping, Optional, Tuple, Union, cast
 
 import grpc
 from google.protobuf import timestamp_pb2
 
 from ._pb import retry_budget_pb2 as pb2
 from ._pb import retry_budget_pb2_grpc as pb2_grpc
+from .traffic import DEFAULT_INTERVAL, TrafficReporter, validate_dependency
 
 # Action codes that end an activity: a worker stops on any of them.
 TERMINAL_CODES = frozenset(
@@ -86,7 +92,11 @@ class RetryBudget:
 
     ``api_key`` is sent as ``authorization: Bearer <key>`` to a server run
     with ``--auth api-keys``; the tenant is then the key's (``tenant`` may be
-    left out, or must name the same tenant)."""
+    left out, or must name the same tenant).
+
+    ``traffic_interval`` is how often ``traffic`` (a ``TrafficReporter``)
+    sends the calls counted with ``record_call`` or ``traffic.call()``, in
+    seconds; None turns counting off. ``close()`` sends what is left."""
 
     def __init__(
         self,
@@ -95,7 +105,9 @@ class RetryBudget:
         timeout: float = 10.0,
         channel: Optional[grpc.Channel] = None,
         api_key: Optional[str] = None,
+        traffic_interval: Optional[float] = DEFAULT_INTERVAL,
     ):
+        self.target = target
         self._own_channel = channel is None
         self.channel = channel if channel is not None else grpc.insecure_channel(target)
         self.stub = pb2_grpc.RetryBudgetStub(self.channel)
@@ -107,12 +119,19 @@ class RetryBudget:
         if api_key:
             metadata.append(("authorization", "Bearer " + api_key))
         self._metadata = tuple(metadata) or None
+        #: Counts calls per dependency and sends them (ReportTraffic).
+        self.traffic = TrafficReporter(self, interval=traffic_interval)
 
     # -- plumbing -----------------------------------------------------------
-    def _call(self, method: str, request):
-        return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self._metadata)
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        return getattr(self.stub, method)(
+            request, timeout=self.timeout if timeout is None else timeout,
+            metadata=self._metadata)
 
     def close(self) -> None:
+        """Sends the traffic counts left, then closes the channel (if it is
+        the client's own)."""
+        self.traffic.close()
         if self._own_channel:
             self.channel.close()
 
@@ -134,29 +153,35 @@ class RetryBudget:
         return self._call("RetryDelay", req)
 
     def next_action_pure(self, attempts: int, max_attempts: int, elapsed: int, deadline: int,
-                         error_class_: ErrorClassLike, activity_id: str = ""):
+                         error_class_: ErrorClassLike, activity_id: str = "",
+                         dependency: str = ""):
         """NextAction, pure form: the article's next_action on the given budget."""
         req = pb2.NextActionRequest(
             budget=pb2.Budget(attempts=attempts, max_attempts=max_attempts,
                               elapsed=elapsed, deadline=deadline),
             error_class=error_class(error_class_),
             activity_id=activity_id,
+            dependency=dependency,
         )
         return self._call("NextAction", req)
 
     # -- durable calls ------------------------------------------------------
     def report_failure(self, activity_id: str, attempt: int, error_class_: ErrorClassLike,
-                       policy=None, occurred_at: TimeLike = None, workflow_id: str = ""):
+                       policy=None, occurred_at: TimeLike = None, workflow_id: str = "",
+                       dependency: str = ""):
         """NextAction, durable form: report attempt `attempt` failed; get the decision.
 
         `policy` is read on the activity's first report only. `occurred_at`
         should come from the worker's own history so a replay is exact.
+        `dependency` names what the failed call went to ("payments-api"; ""
+        is the default dependency): a retry takes a token of its budget.
         """
         req = pb2.NextActionRequest(
             activity_id=activity_id,
             attempt=attempt,
             error_class=error_class(error_class_),
             workflow_id=workflow_id,
+            dependency=dependency,
         )
         p = to_policy(policy)
         if p is not None:
@@ -166,9 +191,15 @@ class RetryBudget:
             req.occurred_at.CopyFrom(ts)
         return self._call("NextAction", req)
 
-    def record_success(self, activity_id: str, occurred_at: TimeLike = None):
-        """RecordSuccess: close the activity (idempotent)."""
-        req = pb2.RecordSuccessRequest(activity_id=activity_id)
+    def record_success(self, activity_id: str, occurred_at: TimeLike = None,
+                       dependency: str = ""):
+        """RecordSuccess: close the activity (idempotent).
+
+        The service counts every RecordSuccess as one success of
+        `dependency` ("" is the default one): count that call with
+        `record_call(dependency, True, success_recorded=True)`, or its
+        success is counted twice."""
+        req = pb2.RecordSuccessRequest(activity_id=activity_id, dependency=dependency)
         ts = to_timestamp(occurred_at)
         if ts is not None:
             req.occurred_at.CopyFrom(ts)
@@ -186,8 +217,29 @@ class RetryBudget:
         """GetActivity: the budget and every recorded decision."""
         return self._call("GetActivity", pb2.GetActivityRequest(activity_id=activity_id))
 
+    # -- dependencies -------------------------------------------------------
+    def report_traffic(self, counts: Optional[Mapping[str, Tuple[int, int, int]]] = None):
+        """ReportTraffic: `{dependency: (calls, successes, failures)}` since
+        the last report, answered with each one's pace (`allowed_rate`,
+        `success_rate`, `rule`, `explanation`, ...). None or {} reads the
+        pace of every dependency the service tracks and counts nothing.
+
+        `traffic` sends these by itself; call this to read the paces, or to
+        report counts kept elsewhere."""
+        req = pb2.ReportTrafficRequest(dependencies=[
+            pb2.DependencyTraffic(dependency=validate_dependency(name), calls=calls,
+                                  successes=successes, failures=failures)
+            for name, (calls, successes, failures) in (counts or {}).items()
+        ])
+        return self._call("ReportTraffic", req)
+
+    def record_call(self, dependency: str, ok: bool, *, success_recorded: bool = False) -> None:
+        """Counts one call to `dependency` for the next traffic report
+        (`TrafficReporter.record_call`)."""
+        self.traffic.record_call(dependency, ok, success_recorded=success_recorded)
+
 
 __all__ = [
     "RetryBudget", "pb2", "pb2_grpc", "TERMINAL_CODES", "error_class", "error_code",
-    "to_timestamp", "to_unix", "to_policy",
+    "to_timestamp", "to_unix", "to_policy", "TrafficReporter", "validate_dependency",
 ]

@@ -25,7 +25,10 @@ answer; then:
   is asked again (the slot's token pays for it) before the next one runs;
 - a stop: the step's exception is raised to the workflow.
 
-A success records RecordSuccess in a step. When the service cannot be
+A success records RecordSuccess (with `Settings.dependency`) in a step.
+Every attempt is counted for the traffic reports, a failure in the step that
+stamps its time, a success in the RecordSuccess step, so a recovered
+workflow counts nothing twice. When the service cannot be
 reached, the wrapper follows DBOS's own step-retry settings given as
 `fallback` (`max_attempts`, `interval_seconds`, `backoff_rate`, the same
 meaning as `@DBOS.step(retries_allowed=True, ...)`), logged once. Every
@@ -69,6 +72,15 @@ class StepRetries:
         return self.interval_seconds * self.backoff_rate ** (attempt - 1)
 
 
+def _failed_at(adv: Advisor) -> float:
+    """When the attempt failed; the failed call is counted here, in the step
+    that stamps it, so a recovered workflow (which replays the step's
+    output) does not count it again, nor does a deferred attempt asked
+    again."""
+    adv.count_failure()
+    return time.time()
+
+
 def _decide(adv: Advisor, fallback: StepRetries, key: str, attempt: int, exc: BaseException,
             workflow_id: str, occurred_at: float) -> dict:
     """The checkpointed decision: a plain dict, so DBOS can store it."""
@@ -107,7 +119,7 @@ def budgeted_step(settings: Settings, *, name: Optional[str] = None,
                 except Exception as exc:
                     while True:
                         at = occurred_at if occurred_at is not None else DBOS.run_step(
-                            {"name": step_name + ".failed_at"}, time.time)
+                            {"name": step_name + ".failed_at"}, lambda: _failed_at(adv))
                         # A closure: the step's arguments (the client, the
                         # exception) are not DBOS's to serialize.
                         plan = Plan(**DBOS.run_step(

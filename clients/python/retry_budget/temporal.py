@@ -23,7 +23,9 @@ the failure classified by `Settings.classify`) and raises Temporal's
   it runs, which takes the slot's token (`Advisor.begin`);
 - a stop: `non_retryable=True`, so Temporal's server retries no more.
 
-A success calls RecordSuccess. When the service cannot be reached, the
+A success calls RecordSuccess with `Settings.dependency`; every attempt
+that ran is counted for the traffic reports (a success or a failure of that
+dependency), sent in the background. When the service cannot be reached, the
 original exception is raised unchanged and the activity's own RetryPolicy
 applies (logged once). Keep the RetryPolicy for that case only: its
 `maximum_attempts` at or above the service's `max_attempts` (0, unlimited,
@@ -90,6 +92,7 @@ def _before(adv: Advisor) -> tuple[str, int, str]:
 
 def _after_failure(adv: Advisor, key: str, attempt: int, workflow_id: str,
                    exc: Exception) -> BaseException:
+    adv.count_failure()
     plan = adv.failed(key, attempt, exc, workflow_id=workflow_id,
                       framework_attempt=activity.info().attempt)
     if plan.kind == "fallback":

@@ -105,7 +105,7 @@ class Policy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., deadline_seconds: _Optional[int] = ..., base: _Optional[int] = ..., cap: _Optional[int] = ...) -> None: ...
 
 class NextActionRequest(_message.Message):
-    __slots__ = ("budget", "activity_id", "error_class", "error", "attempt", "policy", "occurred_at", "dry_run", "workflow_id")
+    __slots__ = ("budget", "activity_id", "error_class", "error", "attempt", "policy", "occurred_at", "dry_run", "workflow_id", "dependency")
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     ACTIVITY_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class NextActionRequest(_message.Message):
     OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
     budget: Budget
     activity_id: str
     error_class: ErrorClass
@@ -124,10 +125,11 @@ class NextActionRequest(_message.Message):
     occurred_at: _timestamp_pb2.Timestamp
     dry_run: bool
     workflow_id: str
-    def __init__(self, budget: _Optional[_Union[Budget, _Mapping]] = ..., activity_id: _Optional[str] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., error: _Optional[_Union[_error_detail_pb2.ErrorDetail, _Mapping]] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., workflow_id: _Optional[str] = ...) -> None: ...
+    dependency: str
+    def __init__(self, budget: _Optional[_Union[Budget, _Mapping]] = ..., activity_id: _Optional[str] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., error: _Optional[_Union[_error_detail_pb2.ErrorDetail, _Mapping]] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., workflow_id: _Optional[str] = ..., dependency: _Optional[str] = ...) -> None: ...
 
 class NextActionResponse(_message.Message):
-    __slots__ = ("action", "code", "delay_seconds", "delay_ms", "not_before", "replayed", "reason", "attempt", "policy", "policy_conflict", "token_taken", "defer_reason", "class_conflict", "dry_run", "error_class", "rule", "hint", "would_defer", "slot_booked")
+    __slots__ = ("action", "code", "delay_seconds", "delay_ms", "not_before", "replayed", "reason", "attempt", "policy", "policy_conflict", "token_taken", "defer_reason", "class_conflict", "dry_run", "error_class", "rule", "hint", "would_defer", "slot_booked", "dependency")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +149,7 @@ class NextActionResponse(_message.Message):
     HINT_FIELD_NUMBER: _ClassVar[int]
     WOULD_DEFER_FIELD_NUMBER: _ClassVar[int]
     SLOT_BOOKED_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
     action: Action
     code: str
     delay_seconds: int
@@ -166,7 +169,8 @@ class NextActionResponse(_message.Message):
     hint: ServerHint
     would_defer: bool
     slot_booked: bool
-    def __init__(self, action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replayed: _Optional[bool] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., policy_conflict: _Optional[bool] = ..., token_taken: _Optional[bool] = ..., defer_reason: _Optional[str] = ..., class_conflict: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., would_defer: _Optional[bool] = ..., slot_booked: _Optional[bool] = ...) -> None: ...
+    dependency: str
+    def __init__(self, action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replayed: _Optional[bool] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., policy_conflict: _Optional[bool] = ..., token_taken: _Optional[bool] = ..., defer_reason: _Optional[str] = ..., class_conflict: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., would_defer: _Optional[bool] = ..., slot_booked: _Optional[bool] = ..., dependency: _Optional[str] = ...) -> None: ...
 
 class ServerHint(_message.Message):
     __slots__ = ("delay_ms", "source", "capped", "do_not_retry", "ignored")
@@ -183,12 +187,66 @@ class ServerHint(_message.Message):
     def __init__(self, delay_ms: _Optional[int] = ..., source: _Optional[str] = ..., capped: _Optional[bool] = ..., do_not_retry: _Optional[bool] = ..., ignored: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecordSuccessRequest(_message.Message):
-    __slots__ = ("activity_id", "occurred_at")
+    __slots__ = ("activity_id", "occurred_at", "dependency")
     ACTIVITY_ID_FIELD_NUMBER: _ClassVar[int]
     OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
     activity_id: str
     occurred_at: _timestamp_pb2.Timestamp
-    def __init__(self, activity_id: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    dependency: str
+    def __init__(self, activity_id: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dependency: _Optional[str] = ...) -> None: ...
+
+class ReportTrafficRequest(_message.Message):
+    __slots__ = ("dependencies",)
+    DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    dependencies: _containers.RepeatedCompositeFieldContainer[DependencyTraffic]
+    def __init__(self, dependencies: _Optional[_Iterable[_Union[DependencyTraffic, _Mapping]]] = ...) -> None: ...
+
+class DependencyTraffic(_message.Message):
+    __slots__ = ("dependency", "calls", "successes", "failures")
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    dependency: str
+    calls: int
+    successes: int
+    failures: int
+    def __init__(self, dependency: _Optional[str] = ..., calls: _Optional[int] = ..., successes: _Optional[int] = ..., failures: _Optional[int] = ...) -> None: ...
+
+class ReportTrafficResponse(_message.Message):
+    __slots__ = ("dependencies",)
+    DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    dependencies: _containers.RepeatedCompositeFieldContainer[DependencyPace]
+    def __init__(self, dependencies: _Optional[_Iterable[_Union[DependencyPace, _Mapping]]] = ...) -> None: ...
+
+class DependencyPace(_message.Message):
+    __slots__ = ("dependency", "allowed_rate", "success_rate", "ratio", "rule", "replica_rate", "calls", "successes", "failures", "retries_admitted", "retries_deferred", "explanation")
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_RATE_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_RATE_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    dependency: str
+    allowed_rate: float
+    success_rate: float
+    ratio: float
+    rule: str
+    replica_rate: float
+    calls: int
+    successes: int
+    failures: int
+    retries_admitted: int
+    retries_deferred: int
+    explanation: str
+    def __init__(self, dependency: _Optional[str] = ..., allowed_rate: _Optional[float] = ..., success_rate: _Optional[float] = ..., ratio: _Optional[float] = ..., rule: _Optional[str] = ..., replica_rate: _Optional[float] = ..., calls: _Optional[int] = ..., successes: _Optional[int] = ..., failures: _Optional[int] = ..., retries_admitted: _Optional[int] = ..., retries_deferred: _Optional[int] = ..., explanation: _Optional[str] = ...) -> None: ...
 
 class RecordSuccessResponse(_message.Message):
     __slots__ = ("status", "changed")
@@ -247,7 +305,7 @@ class Activity(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., activity_id: _Optional[str] = ..., workflow_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., status: _Optional[_Union[ActivityStatus, str]] = ..., closed_code: _Optional[str] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., events: _Optional[_Iterable[_Union[ActivityEvent, _Mapping]]] = ..., reservation_not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ActivityEvent(_message.Message):
-    __slots__ = ("kind", "attempt", "error_class", "occurred_at", "occurred_at_stamped", "elapsed_seconds", "backoff_ms", "delay_seconds", "delay_ms", "not_before", "action", "code", "reason", "token_taken", "recorded_at", "defer_reason", "rule", "hint", "slot_booked")
+    __slots__ = ("kind", "attempt", "error_class", "occurred_at", "occurred_at_stamped", "elapsed_seconds", "backoff_ms", "delay_seconds", "delay_ms", "not_before", "action", "code", "reason", "token_taken", "recorded_at", "defer_reason", "rule", "hint", "slot_booked", "dependency")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +325,7 @@ class ActivityEvent(_message.Message):
     RULE_FIELD_NUMBER: _ClassVar[int]
     HINT_FIELD_NUMBER: _ClassVar[int]
     SLOT_BOOKED_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
     kind: str
     attempt: int
     error_class: ErrorClass
@@ -286,4 +345,5 @@ class ActivityEvent(_message.Message):
     rule: str
     hint: ServerHint
     slot_booked: bool
-    def __init__(self, kind: _Optional[str] = ..., attempt: _Optional[int] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_at_stamped: _Optional[bool] = ..., elapsed_seconds: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., token_taken: _Optional[bool] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., defer_reason: _Optional[str] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., slot_booked: _Optional[bool] = ...) -> None: ...
+    dependency: str
+    def __init__(self, kind: _Optional[str] = ..., attempt: _Optional[int] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_at_stamped: _Optional[bool] = ..., elapsed_seconds: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., token_taken: _Optional[bool] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., defer_reason: _Optional[str] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., slot_booked: _Optional[bool] = ..., dependency: _Optional[str] = ...) -> None: ...

@@ -55,6 +55,11 @@ class RetryBudgetStub:
                 request_serializer=retrybudget_dot_v1_dot_retry__budget__pb2.RecordSuccessRequest.SerializeToString,
                 response_deserializer=retrybudget_dot_v1_dot_retry__budget__pb2.RecordSuccessResponse.FromString,
                 _registered_method=True)
+        self.ReportTraffic = channel.unary_unary(
+                '/retrybudget.v1.RetryBudget/ReportTraffic',
+                request_serializer=retrybudget_dot_v1_dot_retry__budget__pb2.ReportTrafficRequest.SerializeToString,
+                response_deserializer=retrybudget_dot_v1_dot_retry__budget__pb2.ReportTrafficResponse.FromString,
+                _registered_method=True)
         self.ResolveActivity = channel.unary_unary(
                 '/retrybudget.v1.RetryBudget/ResolveActivity',
                 request_serializer=retrybudget_dot_v1_dot_retry__budget__pb2.ResolveActivityRequest.SerializeToString,
@@ -96,13 +101,16 @@ class RetryBudgetServicer:
         attempt already decided returns the recorded decision with
         `replayed = true`.
 
-        Every retry, in either form, takes a token from the service's global
-        retry-token bucket, in which each tenant keeps a weighted fair share;
-        without one the answer is ACTION_DEFERRED (see Action). Stops, replays
-        and dry runs take none.
+        Every retry, in either form, takes a token from the budget of the
+        dependency the failed call went to (`dependency`), paced by that
+        dependency's recent successes, and one from the service's global
+        retry-token bucket; in both each tenant keeps a weighted fair share.
+        Without both the answer is ACTION_DEFERRED (see Action and
+        defer_reason). Stops, replays and dry runs take none.
 
         Refusals: INVALID_ARGUMENT attempt_must_be_positive (metadata field,
         got), unknown_error_class (field), invalid_workflow_id (field, limit),
+        invalid_dependency (field, limit),
         occurred_before_start (field, occurred_at, started_at), and the
         timestamp refusals above; FAILED_PRECONDITION attempt_out_of_order
         (field, expected, got), activity_closed (status, closed_code,
@@ -116,7 +124,25 @@ class RetryBudgetServicer:
         """Closes an activity because an attempt succeeded. Idempotent: recording
         success again, or for an activity already closed, changes nothing. The
         first success also adds the configured success_deposit to the retry
-        bucket. Refusals: the timestamp refusals above.
+        bucket. Every call also counts one success of its `dependency`, which
+        paces that dependency's retries (see ReportTraffic), whether or not the
+        activity was ever reported. Refusals: the timestamp refusals above,
+        INVALID_ARGUMENT invalid_dependency (metadata field, limit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportTraffic(self, request, context):
+        """How a worker's calls to each dependency went since its last report:
+        the successes pace each dependency's retry budget (a share of its
+        successes a second, between a floor and a ceiling; see
+        DependencyPace). Meant to be called about once a second by each
+        worker, with counts summed since its previous call; the Python and Node
+        clients do it by themselves. Answers the pace of every dependency the
+        request named, or of every dependency tracked when it named none (an
+        operator's view: `grpcurl ... ReportTraffic` with `{}`). Refusals:
+        INVALID_ARGUMENT invalid_dependency (metadata field, limit).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,6 +185,11 @@ def add_RetryBudgetServicer_to_server(servicer, server):
                     servicer.RecordSuccess,
                     request_deserializer=retrybudget_dot_v1_dot_retry__budget__pb2.RecordSuccessRequest.FromString,
                     response_serializer=retrybudget_dot_v1_dot_retry__budget__pb2.RecordSuccessResponse.SerializeToString,
+            ),
+            'ReportTraffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTraffic,
+                    request_deserializer=retrybudget_dot_v1_dot_retry__budget__pb2.ReportTrafficRequest.FromString,
+                    response_serializer=retrybudget_dot_v1_dot_retry__budget__pb2.ReportTrafficResponse.SerializeToString,
             ),
             'ResolveActivity': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveActivity,
@@ -257,6 +288,33 @@ class RetryBudget:
             '/retrybudget.v1.RetryBudget/RecordSuccess',
             retrybudget_dot_v1_dot_retry__budget__pb2.RecordSuccessRequest.SerializeToString,
             retrybudget_dot_v1_dot_retry__budget__pb2.RecordSuccessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrybudget.v1.RetryBudget/ReportTraffic',
+            retrybudget_dot_v1_dot_retry__budget__pb2.ReportTrafficRequest.SerializeToString,
+            retrybudget_dot_v1_dot_retry__budget__pb2.ReportTrafficResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -269,6 +269,9 @@ pub struct SuccessWindow {
     slots: Vec<u64>,
     /// The second the newest slot counts.
     newest: u64,
+    /// The second of the first success counted: before the window has run
+    /// that long, the seconds since are the divisor.
+    first: Option<u64>,
 }
 
 impl SuccessWindow {
@@ -277,6 +280,7 @@ impl SuccessWindow {
         Self {
             slots: vec![0; window.as_secs().max(1) as usize],
             newest: 0,
+            first: None,
         }
     }
 
@@ -299,18 +303,26 @@ impl SuccessWindow {
     /// Counts `n` successes at `now`.
     pub fn add(&mut self, now: Duration, n: u64) {
         let second = self.advance(now);
+        if n > 0 {
+            self.first.get_or_insert(second);
+        }
         let len = self.slots.len() as u64;
         let slot = &mut self.slots[(second % len) as usize];
         *slot = slot.saturating_add(n);
     }
 
     /// Successes a second over the window ending with `now`'s second.
-    /// While the window is not yet full (the bucket is younger than it),
-    /// the seconds begun so far are the divisor. The second under way
-    /// counts whole, so the rate errs low, never high.
+    /// Until the window has run since the first success counted (a
+    /// dependency just seen, a server just started), the seconds begun
+    /// since then are the divisor, so a healthy dependency is paced by its
+    /// successes from its first second. The second under way counts whole,
+    /// so the rate errs low, never high.
     pub fn rate(&mut self, now: Duration) -> f64 {
         let second = self.advance(now);
-        let span = (second + 1).min(self.slots.len() as u64);
+        let Some(first) = self.first else {
+            return 0.0;
+        };
+        let span = (second.saturating_sub(first) + 1).min(self.slots.len() as u64);
         self.slots.iter().sum::<u64>() as f64 / span as f64
     }
 
@@ -418,6 +430,16 @@ mod tests {
         assert_eq!(w.rate(s(9)), 0.0);
         w.add(s(100), 5);
         assert_eq!(w.rate(s(100)), 1.0, "a long gap clears every slot");
+        let mut late = SuccessWindow::new(Duration::from_secs(5));
+        assert_eq!(late.rate(s(60)), 0.0);
+        late.add(s(60), 30);
+        assert_eq!(
+            late.rate(s(60)),
+            30.0,
+            "first seen late: its own first second"
+        );
+        late.add(s(61), 30);
+        assert_eq!(late.rate(s(61)), 30.0);
     }
 
     #[test]

@@ -116,6 +116,9 @@ pub struct Ledger<S> {
     /// Replaced whole by a reload (`set_defaults`); each decision reads
     /// one version of it.
     defaults: ArcSwap<Defaults>,
+    /// Cancels [`Ledger::released`]'s token when the ledger, hence its
+    /// store, is dropped: after the fields above (declaration order).
+    released: tokio_util::sync::DropGuard,
 }
 
 impl<S: Store> Ledger<S> {
@@ -126,7 +129,15 @@ impl<S: Store> Ledger<S> {
             store,
             locks: KeyLocks::new(),
             defaults: ArcSwap::from_pointee(defaults),
+            released: tokio_util::sync::CancellationToken::new().drop_guard(),
         }
+    }
+
+    /// A token cancelled once this ledger and its store are dropped: whoever
+    /// must reopen the same store (a server's caller) waits on it rather
+    /// than polling for the last holder.
+    pub fn released(&self) -> tokio_util::sync::CancellationToken {
+        self.released.token().clone()
     }
 
     /// The settings that shape decisions.

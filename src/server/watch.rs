@@ -26,12 +26,14 @@ const STORE_HEALTH_PERIOD: Duration = Duration::from_secs(1);
 /// a liveness probe must not restart every replica while their database is
 /// down); only a drain turns it `NOT_SERVING`. Readiness probes and load
 /// balancers ask for the service by name.
-pub(super) async fn spawn_readiness<S: Store, N: NamedService>(
+///
+/// Sets the statuses now, and returns the task that keeps them.
+pub(super) async fn readiness<S: Store, N: NamedService>(
     ledger: Arc<Ledger<S>>,
     health: HealthReporter,
     store_answers: bool,
     mut coordination: Option<tokio::sync::watch::Receiver<CoordinationState>>,
-) -> tokio::task::JoinHandle<()> {
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     health.set_service_status("", ServingStatus::Serving).await;
     let mut readiness = Readiness {
         health,
@@ -40,7 +42,7 @@ pub(super) async fn spawn_readiness<S: Store, N: NamedService>(
         serving: None,
     };
     readiness.update(&mut coordination).await;
-    tokio::spawn(async move {
+    async move {
         let mut ticks = tokio::time::interval(STORE_HEALTH_PERIOD);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
@@ -51,7 +53,7 @@ pub(super) async fn spawn_readiness<S: Store, N: NamedService>(
             }
             readiness.update(&mut coordination).await;
         }
-    })
+    }
 }
 
 /// The `RetryBudget` service's health and what it follows.

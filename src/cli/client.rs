@@ -328,6 +328,9 @@ fn render_activity(a: &pb::Activity) -> String {
             rfc3339(e.occurred_at.as_ref()),
             e.elapsed_seconds
         );
+        if !e.dependency.is_empty() {
+            let _ = write!(out, " to {}", e.dependency);
+        }
         if e.not_before.is_some() {
             let _ = write!(
                 out,

@@ -34,7 +34,7 @@ pub trait Refusal: std::fmt::Display {
     fn retry_after(&self) -> Option<Duration> {
         None
     }
-    /// The refusal as every gRPC stack reads it ([`refusal`]).
+    /// The refusal as every gRPC stack reads it (see `refusal`).
     fn status(&self) -> Status {
         refusal(
             self.grpc_code(),

@@ -180,6 +180,21 @@ else
   fail "NextAction attempt 3 -> ErrorInfo with reason and metadata: got ${r//$'\n'/ }"
 fi
 
+# --- a dependency's budget, as the README shows it --------------------------------
+# A worker's traffic report for payments-api (320 successes), then, a second
+# later, the operator's view with {}: its pace in numbers, 10% of its
+# successes a second (over the seconds begun since the first).
+if "${G[@]}" -d '{"dependencies":[{"dependency":"payments-api","calls":330,"successes":320,"failures":10}]}' \
+    "$ADDR" "$SVC/ReportTraffic" >/dev/null 2>&1 \
+  && sleep 1.1 \
+  && r=$("${G[@]}" -d '{}' "$ADDR" "$SVC/ReportTraffic" 2>&1) \
+  && grep -q '"dependency": "payments-api"' <<<"$r" \
+  && grep -Eq '"explanation": "[0-9.]+ retries/s allowed \(10% of [0-9.]+ successes/s\)"' <<<"$r"; then
+  pass "ReportTraffic {} -> payments-api's pace: N retries/s allowed (10% of M successes/s)"
+else
+  fail "ReportTraffic {} -> payments-api's pace in numbers: got ${r//$'\n'/ }"
+fi
+
 # --- health -------------------------------------------------------------------------
 for svc in "" "$SVC"; do
   if r=$("${G[@]}" -d "{\"service\":\"$svc\"}" "$ADDR" grpc.health.v1.Health/Check 2>&1) \

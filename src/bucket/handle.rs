@@ -55,20 +55,6 @@ struct State {
     dependencies: Dependencies,
 }
 
-impl std::ops::Deref for State {
-    type Target = FairShares;
-
-    fn deref(&self) -> &FairShares {
-        &self.global
-    }
-}
-
-impl std::ops::DerefMut for State {
-    fn deref_mut(&mut self) -> &mut FairShares {
-        &mut self.global
-    }
-}
-
 impl FairBucket {
     /// A full bucket with the default dependency budgets, its clock
     /// starting now.
@@ -115,10 +101,7 @@ impl FairBucket {
     /// A token for `tenant` now, spent for good, or its next slot booked if
     /// it comes within `max_wait`.
     pub fn admit_within(&self, tenant: &str, max_wait: Duration) -> Admission {
-        let admission = {
-            let mut shares = self.lock();
-            shares.admit(tenant, self.now(), max_wait)
-        };
+        let admission = { self.lock().global.admit(tenant, self.now(), max_wait) };
         self.shared.counters.admission(&admission);
         if self.shared.shadow.load(Ordering::Relaxed) {
             return admission.shadowed();
@@ -207,7 +190,7 @@ impl FairBucket {
 
     /// Sets the tokens each recorded success deposits from now on.
     pub fn set_success_deposit(&self, success_deposit: f64) {
-        self.lock().set_success_deposit(success_deposit);
+        self.lock().global.set_success_deposit(success_deposit);
     }
 
     /// Enforces deferrals, or only computes them (shadow mode), from now on.
@@ -220,7 +203,7 @@ impl FairBucket {
     /// Adds the configured success deposit to the bucket: call it for every
     /// recorded success (a no-op when `success_deposit` is 0).
     pub fn deposit_success(&self) {
-        self.lock().deposit_success(self.now());
+        self.lock().global.deposit_success(self.now());
         self.shared.counters.deposit();
     }
 
@@ -229,22 +212,22 @@ impl FairBucket {
     /// replica's part of a global budget. Tokens held beyond the new burst
     /// are dropped; tokens granted and slots booked stay.
     pub fn set_capacity(&self, capacity: &Capacity) {
-        self.lock().set_capacity(capacity, self.now());
+        self.lock().global.set_capacity(capacity, self.now());
     }
 
     /// Whether the bucket has no rate and so admits nothing.
     pub fn is_closed(&self) -> bool {
-        self.lock().is_closed()
+        self.lock().global.is_closed()
     }
 
     /// The burst in force, tokens.
     pub fn burst(&self) -> u32 {
-        self.lock().capacity().burst
+        self.lock().global.capacity().burst
     }
 
     /// The refill rate in force, tokens a second (0 when closed).
     pub fn rate(&self) -> f64 {
-        self.lock().rate()
+        self.lock().global.rate()
     }
 
     /// Each tenant's count of tokens asked for since the last call, and
@@ -254,7 +237,7 @@ impl FairBucket {
     /// so, not for the request path.
     pub fn take_demand(&self) -> Vec<(String, u64, bool)> {
         let mut demand = Vec::new();
-        self.lock().take_demand(|tenant, asked, held_back| {
+        self.lock().global.take_demand(|tenant, asked, held_back| {
             demand.push((tenant.to_owned(), asked, held_back > 0));
         });
         demand
@@ -263,7 +246,8 @@ impl FairBucket {
     /// The counters, the bucket's level and each tracked tenant's tokens.
     pub fn stats(&self) -> BucketStats {
         let mut stats = self.shared.counters.snapshot();
-        let shares = self.lock();
+        let state = self.lock();
+        let shares = &state.global;
         stats.level = shares.level(self.now());
         stats.tracked_tenants = shares.tracked_tenants();
         stats.tenants = shares

@@ -95,6 +95,14 @@ d = json.load(sys.stdin)
 print(sys.argv[1], d.get("action"), d.get("code"), d.get("replayed", False))' "$server" 2>/dev/null \
     || echo "error on ${server:-?}: $(sed -n '/^ERROR:/,$p' <<<"$out" | tr -s ' \n' ' ')"
 }
+# Workers report their calls once a second (README, the worker loop): 200
+# successes of the default dependency on each replica pace its retries by
+# the fleet's successes from the next coordination interval on.
+for _ in 1 2 3; do
+  "${G[@]}" -H "x-tenant-id: smoke" -d '{"dependencies": [{"calls": 200, "successes": 200}]}' \
+    "$ADDR" "$SVC/ReportTraffic" >/dev/null 2>&1 || true
+done
+sleep 2.2
 declare -A seen=()
 attempt=0
 while ((attempt < 6)) && ((${#seen[@]} < 2)); do

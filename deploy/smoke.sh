@@ -216,6 +216,12 @@ check_next() { # check_next ATTEMPT REPLAYED(True/False) WHAT
 get_activity() {
   "${G[@]}" -H "x-tenant-id: $TENANT" -d "{\"activity_id\": \"$ACT\"}" "$ADDR" "$SVC/GetActivity" 2>&1
 }
+# A worker reports its calls once a second (README, the worker loop): 200
+# successes of the default dependency pace its retries at 20 a second from
+# the server's next second, room for the two back-to-back retries below.
+"${G[@]}" -H "x-tenant-id: $TENANT" -d '{"dependencies": [{"calls": 200, "successes": 200}]}' \
+  "$ADDR" "$SVC/ReportTraffic" >/dev/null 2>&1 || fail "ReportTraffic answered"
+sleep 1.1
 check_next 1 False "NextAction $ACT attempt 1 -> schedule_retry"
 check_next 2 False "NextAction $ACT attempt 2 -> schedule_retry"
 

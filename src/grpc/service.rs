@@ -339,8 +339,9 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             .record_success(&key, occurred_at_ms, now)
             .await?;
         if let Some(bucket) = &self.bucket {
-            // Every success call counts towards its dependency's pace...
-            bucket.count_traffic(dependency, 1, 1, 0);
+            // Every success counts towards its dependency's pace (a call
+            // is counted where the worker reports its traffic)...
+            bucket.count_traffic(dependency, 0, 1, 0);
             // ...but earns global capacity once: a repeated RecordSuccess
             // of a closed activity deposits nothing.
             if outcome != SuccessOutcome::AlreadyClosed {

@@ -124,9 +124,9 @@ class RetryBudgetServicer:
         """Closes an activity because an attempt succeeded. Idempotent: recording
         success again, or for an activity already closed, changes nothing. The
         first success also adds the configured success_deposit to the retry
-        bucket. Every call also counts one success of its `dependency`, which
-        paces that dependency's retries (see ReportTraffic), whether or not the
-        activity was ever reported. Refusals: the timestamp refusals above,
+        bucket. Every call also counts one success (not a call: calls come with
+        ReportTraffic) of its `dependency`, which paces that dependency's
+        retries, whether or not the activity was ever reported. Refusals: the timestamp refusals above,
         INVALID_ARGUMENT invalid_dependency (metadata field, limit).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

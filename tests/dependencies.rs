@@ -153,8 +153,8 @@ async fn a_failing_dependency_falls_to_its_floor_and_never_defers_a_healthy_one(
         b_deferred, 0,
         "B's retries are never deferred by A's failures"
     );
-    // Healthy A: 10% of 300 successes/s (up to a fifth less: the second
-    // under way counts whole in the 5 s window). Retries paid over its
+    // Healthy A: 10% of 300 successes/s (less while the workers' reports
+    // and the server's seconds fall apart). Retries paid over its
     // seconds 3 to 5 are about that rate; a second's may be more, when
     // slots are booked up to the 2 s horizon ahead.
     let healthy = seconds[5];

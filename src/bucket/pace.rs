@@ -261,11 +261,13 @@ fn is_valid_name(name: &str) -> bool {
     !name.is_empty() && validate_dependency(name).is_ok()
 }
 
-/// Successes counted over the last `window`, in one-second slots. Pure:
-/// `now` is a parameter, in whole seconds of the bucket's clock.
+/// Successes counted over the last `window` whole seconds, in one-second
+/// slots, plus the second under way. Pure: `now` is a parameter, in whole
+/// seconds of the bucket's clock.
 #[derive(Debug, Clone)]
 pub struct SuccessWindow {
-    /// Count of each of the last `slots.len()` seconds, by second modulo.
+    /// Count of each of the last `slots.len()` seconds (the window's whole
+    /// seconds and the one under way), by second modulo.
     slots: Vec<u64>,
     /// The second the newest slot counts.
     newest: u64,
@@ -278,7 +280,7 @@ impl SuccessWindow {
     /// An empty window of `window` (whole seconds, at least one).
     pub fn new(window: Duration) -> Self {
         Self {
-            slots: vec![0; window.as_secs().max(1) as usize],
+            slots: vec![0; window.as_secs().max(1) as usize + 1],
             newest: 0,
             first: None,
         }
@@ -287,7 +289,7 @@ impl SuccessWindow {
     /// The window made `window` long (a reload); the counts of the seconds
     /// still inside it are kept.
     pub fn resize(&mut self, window: Duration) {
-        let len = window.as_secs().max(1) as usize;
+        let len = window.as_secs().max(1) as usize + 1;
         if len == self.slots.len() {
             return;
         }
@@ -311,19 +313,25 @@ impl SuccessWindow {
         *slot = slot.saturating_add(n);
     }
 
-    /// Successes a second over the window ending with `now`'s second.
+    /// Successes a second over the window's whole seconds before `now`'s:
+    /// the second under way is left out, as it has counted only part of its
+    /// successes (a pace read early in a second would otherwise read low).
     /// Until the window has run since the first success counted (a
-    /// dependency just seen, a server just started), the seconds begun
-    /// since then are the divisor, so a healthy dependency is paced by its
-    /// successes from its first second. The second under way counts whole,
-    /// so the rate errs low, never high.
+    /// dependency just seen, a server just started), the whole seconds
+    /// since then are the divisor; in its first second, what that second
+    /// has counted so far (which errs low, never high).
     pub fn rate(&mut self, now: Duration) -> f64 {
         let second = self.advance(now);
         let Some(first) = self.first else {
             return 0.0;
         };
-        let span = (second.saturating_sub(first) + 1).min(self.slots.len() as u64);
-        self.slots.iter().sum::<u64>() as f64 / span as f64
+        let len = self.slots.len() as u64;
+        let current = self.slots[(second % len) as usize];
+        if second == first {
+            return current as f64;
+        }
+        let span = (second - first).min(len - 1);
+        (self.slots.iter().sum::<u64>() - current) as f64 / span as f64
     }
 
     /// Moves the window to `now`, clearing the seconds it leaves behind;
@@ -423,13 +431,21 @@ mod tests {
         let mut w = SuccessWindow::new(Duration::from_secs(5));
         let s = Duration::from_secs;
         w.add(s(0), 10);
-        assert_eq!(w.rate(s(0)), 10.0, "one second old: divided by one");
-        w.add(s(4), 40);
-        assert_eq!(w.rate(s(4)), 10.0, "50 over 5 s");
-        assert_eq!(w.rate(s(5)), 8.0, "the first second left the window");
-        assert_eq!(w.rate(s(9)), 0.0);
+        assert_eq!(
+            w.rate(s(0)),
+            10.0,
+            "its first second: what it counted so far"
+        );
+        for second in 1..=5 {
+            w.add(s(second), 10);
+        }
+        assert_eq!(w.rate(s(5)), 10.0, "seconds 0 to 4, whole; 5 is under way");
+        w.add(s(5), 1000);
+        assert_eq!(w.rate(s(5)), 10.0, "the second under way is left out");
+        assert_eq!(w.rate(s(6)), 210.0, "seconds 1 to 5: 1,050 over 5 s");
+        assert_eq!(w.rate(s(11)), 0.0, "all of it left the window");
         w.add(s(100), 5);
-        assert_eq!(w.rate(s(100)), 1.0, "a long gap clears every slot");
+        assert_eq!(w.rate(s(101)), 1.0, "a long gap clears every slot");
         let mut late = SuccessWindow::new(Duration::from_secs(5));
         assert_eq!(late.rate(s(60)), 0.0);
         late.add(s(60), 30);
@@ -438,8 +454,8 @@ mod tests {
             30.0,
             "first seen late: its own first second"
         );
-        late.add(s(61), 30);
-        assert_eq!(late.rate(s(61)), 30.0);
+        late.add(s(61), 5);
+        assert_eq!(late.rate(s(61)), 30.0, "one whole second, not five");
     }
 
     #[test]

@@ -419,3 +419,27 @@ fn instant(at: SystemTime) -> Instant {
         Err(_) => now,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::setup::{Scenario, Timeline};
+
+    #[test]
+    fn two_deps_gives_a_the_drop_arrivals_and_b_its_own_in_time_order() {
+        let drop = Setup::new(Scenario::Drop, 200.0, Timeline::SHORT, 3);
+        let two = Setup::new(Scenario::TwoDeps, 200.0, Timeline::SHORT, 3);
+        let key = |a: &Arrival| (a.at, a.worker, a.seed);
+        let of_a: Vec<_> = arrivals(&two)
+            .iter()
+            .filter(|a| a.dependency == A)
+            .map(key)
+            .collect();
+        assert_eq!(of_a, arrivals(&drop).iter().map(key).collect::<Vec<_>>());
+        let all = arrivals(&two);
+        assert!(all.windows(2).all(|w| w[0].at <= w[1].at));
+        // B at rho 0.6 of 200 a second over the short run's 31 s: about 3,720.
+        let of_b = all.iter().filter(|a| a.dependency == B).count();
+        assert!((3_300..4_100).contains(&of_b), "{of_b} arrivals of B");
+    }
+}

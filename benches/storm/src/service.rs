@@ -278,3 +278,19 @@ impl Server {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn only_the_default_runs_the_adaptive_budget_per_dependency() {
+        for config in Config::value_variants() {
+            let flags = config.flags();
+            let pinned = flags.windows(2).any(|w| w == GLOBAL_ONLY);
+            assert_eq!(pinned, *config != Config::Default, "{config:?}: {flags:?}");
+        }
+        assert!(Config::Default.flags().is_empty());
+    }
+}

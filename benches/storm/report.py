@@ -4,9 +4,13 @@
     python3 benches/storm/report.py benches/storm/results/runs --plot docs/storm.png
 
 Prints one Markdown table per scenario: each figure is the median over the
-seeds, with the range [min-max] when the seeds differ. With --plot, draws
-goodput, dependency calls and queue length over time for the main scenario
-(`drop`, the first seed), one line a policy.
+seeds, with the range [min-max] when the seeds differ; for `two-deps`, the
+failing dependency A's figures and the healthy B's side by side; then, for
+the retry-budget policies, what the service answered (deferrals by reason,
+stops by code). With --plot, draws goodput, dependency calls and queue
+length over time for the main scenario (`drop`, the first seed), one line a
+policy, and beside it `two-deps`: A's and B's goodput and the adaptive
+default's allowed retries a second.
 """
 
 import argparse
@@ -15,8 +19,15 @@ import json
 import os
 import statistics
 
-POLICIES = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-low", "rb-ratio"]
-SCENARIOS = ["drop", "flaky", "drop10", "drop1000", "restart"]
+POLICIES = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-static100",
+            "rb-ratio", "rb-static2", "rb-static5", "rb-low", "rb-static20", "rb-static40"]
+SCENARIOS = ["drop", "two-deps", "flaky", "drop10", "drop1000", "restart"]
+# The plot's lines: the sweep's other static rates would hide the rest.
+PLOTTED = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-static100",
+           "rb-low", "rb-ratio"]
+DEFER_REASONS = [("dependency_budget_exhausted", "dependency"), ("tenant_share_exhausted", "tenant share"),
+                 ("global_capacity_exhausted", "global"), ("tenant_backlog_full", "tenant backlog")]
+STOPS = [("deadline_exceeded", "deadline"), ("attempts_exhausted", "attempts"), ("lab_deadline", "lab deadline")]
 
 
 def load(directory):
@@ -103,44 +114,149 @@ def table(runs, scenario):
     return "\n".join(out) + "\n"
 
 
-def plot(runs, path, scenario="drop"):
+def two_table(runs, scenario="two-deps"):
+    rows = [r for r in runs if r["scenario"] == scenario]
+    if not rows:
+        return ""
+    head = ["policy", "seeds", "A before/s", "A during/s", "A after/s", "A recovery s", "A back s",
+            "A queue max / at end", "A calls/activity", "A succeeded", "B before/s",
+            "B during mean/s", "B during min/s", "B after/s", "B succeeded", "B succeeded during",
+            "B calls/activity", "lag p99/max ms"]
+    out = [f"### {scenario}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for policy in POLICIES:
+        rs = [r for r in rows if r["policy"] == policy]
+        if not rs:
+            continue
+        col = lambda k: [r.get(k) for r in rs]
+        bcol = lambda k: [r["healthy"].get(k) for r in rs]
+        starved = sum(1 for r in rs if r.get("starved"))
+        lag = f"{fmt(col('lag_p99_ms'))} / {fmt(col('lag_max_ms'), 0)}"
+        if starved:
+            lag += f" ({starved} starved)"
+        cells = [policy, str(len(rs)), fmt(col("goodput_before")), fmt(col("goodput_during")),
+                 fmt(col("goodput_after")), recovery(col("recovery_s")),
+                 recovery([first_back(r) for r in rs]),
+                 f"{fmt(col('queue_max'), 0)} / {fmt(col('queue_end'), 0)}",
+                 fmt(col("amplification"), 2), fmt(col("succeeded_share"), 1, pct=True),
+                 fmt(bcol("goodput_before")), fmt(bcol("goodput_during")),
+                 fmt(bcol("goodput_during_min"), 0), fmt(bcol("goodput_after")),
+                 fmt(bcol("succeeded_share"), 1, pct=True),
+                 fmt(bcol("succeeded_share_during"), 1, pct=True),
+                 fmt(bcol("amplification"), 2), lag]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def answers_table(runs, scenario):
+    """What the service answered the retry-budget policies: deferrals by
+    reason and stops by code, per dependency, summed over a run (median over
+    the seeds)."""
+    rows = [r for r in runs if r["scenario"] == scenario and r["policy"].startswith("rb-")]
+    if not rows:
+        return ""
+    deps = [("", lambda r: r)]
+    if any(r.get("healthy") for r in rows):
+        deps = [("A ", lambda r: r), ("B ", lambda r: r["healthy"])]
+    head = ["policy"]
+    for prefix, _ in deps:
+        head += [f"{prefix}deferred: {name}" for _, name in DEFER_REASONS]
+        head += [f"{prefix}stops: {name}" for _, name in STOPS]
+    out = [f"### {scenario}: the service's answers", "", "| " + " | ".join(head) + " |",
+           "|" + "---|" * len(head)]
+    for policy in POLICIES:
+        rs = [r for r in rows if r["policy"] == policy]
+        if not rs:
+            continue
+        cells = [policy]
+        for _, get in deps:
+            cells += [fmt([get(r).get("deferral_reasons", {}).get(k, 0) for r in rs], 0)
+                      for k, _ in DEFER_REASONS]
+            cells += [fmt([get(r).get("stops", {}).get(k, 0) for r in rs], 0) for k, _ in STOPS]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+STYLES = {"none": ("black", "-", 2.2), "naive": ("tab:red", "-", 1.4),
+          "backoff": ("tab:orange", "-", 1.2), "aws": ("tab:brown", "--", 1.2),
+          "grpc": ("tab:purple", "--", 1.2), "finagle": ("tab:pink", "--", 1.2),
+          "rb-default": ("tab:blue", "-", 2.0), "rb-static100": ("tab:gray", "-", 1.4),
+          "rb-low": ("tab:green", "-", 1.6), "rb-ratio": ("tab:cyan", "-", 1.6)}
+
+
+def first_seed(runs, scenario):
+    rows = [r for r in runs if r["scenario"] == scenario]
+    if not rows:
+        return None, {}
+    seed = min(r["seed"] for r in rows)
+    return seed, {r["policy"]: r for r in rows if r["seed"] == seed}
+
+
+def trailing(ys, window=5):
+    """The mean of the `window` seconds ending at each second: B's 2 to 5%
+    differences are smaller than its per-second Poisson noise."""
+    return [sum(ys[max(0, i + 1 - window):i + 1]) / len(ys[max(0, i + 1 - window):i + 1])
+            for i in range(len(ys))]
+
+
+def draw(ax, rows, get, first, label):
+    end = len(first["series"]["goodput"]) - 1
+    for policy in PLOTTED:
+        if policy not in rows:
+            continue
+        ys = get(rows[policy])[:end]
+        color, ls, lw = STYLES[policy]
+        ax.plot(range(len(ys)), ys, label=policy, color=color, linestyle=ls, linewidth=lw)
+    ax.axvspan(first["trigger_start"], first["trigger_end"], color="grey", alpha=0.15)
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+
+
+def plot(runs, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in runs if r["scenario"] == scenario]
+    seed, rows = first_seed(runs, "drop")
+    two_seed, two = first_seed(runs, "two-deps")
     if not rows:
         return
-    seed = min(r["seed"] for r in rows)
-    rows = {r["policy"]: r for r in rows if r["seed"] == seed}
+    cols = 2 if two else 1
+    fig, axes = plt.subplots(3, cols, figsize=(11 * cols, 11), sharex=True, squeeze=False)
     first = next(iter(rows.values()))
-    fig, axes = plt.subplots(3, 1, figsize=(11, 11), sharex=True)
     series = [("goodput", "activities succeeded / s"), ("calls", "dependency calls / s"),
               ("queue", "dependency queue (max in the second)")]
-    styles = {"none": ("black", "-", 2.2), "naive": ("tab:red", "-", 1.4),
-              "backoff": ("tab:orange", "-", 1.2), "aws": ("tab:brown", "--", 1.2),
-              "grpc": ("tab:purple", "--", 1.2), "finagle": ("tab:pink", "--", 1.2),
-              "rb-default": ("tab:blue", "-", 1.6), "rb-low": ("tab:green", "-", 1.6),
-              "rb-ratio": ("tab:cyan", "-", 1.6)}
-    end = len(first["series"]["goodput"]) - 1
-    for ax, (key, label) in zip(axes, series):
-        for policy in POLICIES:
-            if policy not in rows:
-                continue
-            ys = rows[policy]["series"][key][:end]
-            color, ls, lw = styles[policy]
-            ax.plot(range(len(ys)), ys, label=policy, color=color, linestyle=ls, linewidth=lw)
-        ax.axvspan(first["trigger_start"], first["trigger_end"], color="grey", alpha=0.15)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
+    for ax, (key, label) in zip(axes[:, 0], series):
+        draw(ax, rows, lambda r, key=key: r["series"][key], first, label)
         if key == "queue":
             ax.set_yscale("symlog", linthresh=10)
-    axes[0].set_title(f"storm lab, {scenario}: C = {first['capacity']:.0f}/s, rho {first['rho']}, "
-                      f"{first['workers']} workers, capacity at C/3 in the grey band (seed {seed})")
-    axes[0].legend(ncol=3, fontsize=8)
-    axes[-1].set_xlabel("seconds into the run")
+    axes[0, 0].set_title(f"drop: C = {first['capacity']:.0f}/s, rho {first['rho']}, "
+                         f"{first['workers']} workers, capacity at C/3 in the grey band (seed {seed})")
+    axes[0, 0].legend(ncol=3, fontsize=8)
+    axes[-1, 0].set_xlabel("seconds into the run")
+    if two:
+        first = next(iter(two.values()))
+        draw(axes[0, 1], two, lambda r: r["series"]["goodput"], first, "A: activities succeeded / s")
+        draw(axes[1, 1], two, lambda r: trailing(r["healthy"]["series"]["goodput"]), first,
+             "B: activities succeeded / s (5 s mean)")
+        axes[0, 1].set_title(f"two-deps: A as in drop, B healthy beside it (C = "
+                             f"{first['healthy_setup']['capacity']:.0f}/s, rho "
+                             f"{first['healthy_setup']['rho']}, "
+                             f"{first['healthy_setup']['fail_probability']:.0%} failing) (seed {two_seed})")
+        ax = axes[2, 1]
+        for policy, key, label, ls in [("rb-default", None, "A", "-"),
+                                         ("rb-default", "healthy", "B", "--")]:
+            if policy not in two:
+                continue
+            r = two[policy] if key is None else two[policy][key]
+            ys = [float("nan") if y is None else y for y in r["series"]["allowed_rate"]]
+            ax.plot(range(len(ys)), ys, label=f"{policy}: {label}", color="tab:blue", linestyle=ls)
+        ax.axvspan(first["trigger_start"], first["trigger_end"], color="grey", alpha=0.15)
+        ax.set_ylabel("rb-default: retries/s allowed")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_xlabel("seconds into the run")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
 
 
 def sweep(directory):
@@ -172,7 +288,10 @@ def main():
         return
     runs = load(args.runs)
     for scenario in SCENARIOS:
-        text = table(runs, scenario)
+        text = two_table(runs, scenario) if scenario == "two-deps" else table(runs, scenario)
+        if text:
+            print(text)
+        text = answers_table(runs, scenario)
         if text:
             print(text)
     starved = [r for r in runs if r.get("starved")]

@@ -3,22 +3,26 @@
 # seeds, each run a real-time ~71 s process (the retry-budget policies start
 # the real server), then the table and the plot.
 #
-#   benches/storm/run.sh                     # the full lab: 3 seeds, ~40 min
+#   benches/storm/run.sh                     # the full lab: 3 seeds, ~2 h 40 min
 #   SEEDS=1 SCENARIOS=drop benches/storm/run.sh   # one scenario, one seed
+#   SCENARIOS=flaky POLICIES="none rb-default" benches/storm/run.sh
 #
 # Results go to benches/storm/results/runs/*.json (one run each; a run
 # already there is not run again, so an interrupted lab resumes), the table
 # to benches/storm/results/table.md, the plot to docs/storm.png.
-# PARALLEL runs at once (default 4): each run is light (C = 200 requests a
+# PARALLEL runs at once (default 2): each run is light (C = 200 requests a
 # second), and every run reports its own scheduler lag and whether it was
 # starved, so a machine that did not keep up shows in the table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 SEEDS="${SEEDS:-1 2 3}"
-SCENARIOS="${SCENARIOS:-drop flaky drop10 drop1000 restart}"
-POLICIES="${POLICIES:-none naive backoff aws grpc finagle rb-default rb-low rb-ratio}"
-PARALLEL="${PARALLEL:-4}"
+SCENARIOS="${SCENARIOS:-drop two-deps flaky drop10 drop1000 restart}"
+# rb-default is the adaptive per-dependency budget (the default since issue
+# #52), rb-static100 the default before it; rb-static2 to rb-static40, with
+# rb-low (10), sweep the static global rate.
+POLICIES="${POLICIES:-none naive backoff aws grpc finagle rb-default rb-static100 rb-ratio rb-static2 rb-static5 rb-low rb-static20 rb-static40}"
+PARALLEL="${PARALLEL:-2}"
 CAPACITY="${CAPACITY:-200}"
 OUT="${OUT:-benches/storm/results}"
 TARGET="${CARGO_TARGET_DIR:-target}"

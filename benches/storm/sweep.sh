@@ -3,9 +3,9 @@
 # the main scenario under naive retries and under retry-budget's ratio
 # budget, the trigger made shorter (capacity at C/3 for 2 to 10 s) or
 # weaker (capacity at 0.9 to 0.5 of C for 10 s), one seed; and the scale
-# check: no retries, the default static rate and the ratio budget in the
-# main scenario at C = 1,000. Run after run.sh (it uses the binaries run.sh
-# built):
+# check: no retries, the adaptive default, the default before it (the
+# static 100 a second) and the ratio budget in the main scenario at
+# C = 1,000. Run after run.sh (it uses the binaries run.sh built):
 #
 #   benches/storm/sweep.sh
 #
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PARALLEL="${PARALLEL:-4}"
+PARALLEL="${PARALLEL:-2}"
 OUT="${OUT:-benches/storm/results}/sweep"
 TARGET="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$OUT"
@@ -27,7 +27,7 @@ for policy in naive rb-ratio; do
     jobs+=("$policy $fraction 10 200")
   done
 done
-for policy in none rb-default rb-ratio; do
+for policy in none rb-default rb-static100 rb-ratio; do
   jobs+=("$policy 0.3333333333 10 1000")
 done
 

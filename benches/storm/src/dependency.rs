@@ -32,6 +32,9 @@ pub enum Outcome {
 pub struct Dependency {
     /// The model's constants and capacity schedule.
     setup: Setup,
+    /// Which of the run's dependencies this is (`setup::A` or `setup::B`):
+    /// its capacity schedule and its counters.
+    which: usize,
     /// The run's origin, for the capacity schedule.
     origin: Instant,
     /// Where calls, wasted work and queue lengths are counted.
@@ -50,9 +53,10 @@ struct State {
 }
 
 impl Dependency {
-    /// A dependency idle at `origin`.
-    pub fn new(setup: Setup, origin: Instant, recorder: Arc<Recorder>) -> Self {
+    /// Dependency `which` of `setup`, idle at `origin`.
+    pub fn new(setup: Setup, which: usize, origin: Instant, recorder: Arc<Recorder>) -> Self {
         Self {
+            which,
             state: Mutex::new(State {
                 free: vec![origin; setup.slots],
                 waiting: VecDeque::new(),
@@ -69,13 +73,13 @@ impl Dependency {
     pub async fn call(&self, fails: bool) -> Outcome {
         let now = Instant::now();
         let done = self.enqueue(now);
-        self.recorder.call(self.seconds(now));
+        self.recorder.call(self.which, self.seconds(now));
         let give_up = now + self.setup.timeout;
         if done <= give_up {
             tokio::time::sleep_until(done).await;
             if fails { Outcome::Failed } else { Outcome::Ok }
         } else {
-            self.recorder.wasted(self.seconds(done));
+            self.recorder.wasted(self.which, self.seconds(done));
             tokio::time::sleep_until(give_up).await;
             Outcome::TimedOut
         }
@@ -106,13 +110,19 @@ impl Dependency {
             .min_by_key(|&(_, t)| *t)
             .expect("a dependency has at least one slot");
         let start = free.max(now);
-        let service = self.setup.slots as f64 / self.setup.capacity_at(self.seconds(start));
+        let service =
+            self.setup.slots as f64 / self.setup.capacity_at(self.which, self.seconds(start));
         let done = start + Duration::from_secs_f64(service);
         state.free[slot] = done;
         if start > now {
             state.waiting.push_back(start);
         }
         done
+    }
+
+    /// Which of the run's dependencies this is.
+    pub fn which(&self) -> usize {
+        self.which
     }
 
     fn seconds(&self, t: Instant) -> f64 {

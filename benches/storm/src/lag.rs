@@ -1,7 +1,7 @@
 //! The lab's own scheduler lag: a 10 ms ticker on the lab's one thread
 //! measures how late it wakes. Every worker, the arrivals and the
 //! dependency model wait on the same timers, so a lab that cannot keep up
-//! with its load shows it here. The ticker also samples the queue.
+//! with its load shows it here. The ticker also samples the queues.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,11 +21,12 @@ const STARVED_P99: Duration = Duration::from_millis(10);
 /// callers give up after seconds.
 const STARVED_MAX: Duration = Duration::from_millis(100);
 
-/// Ticks until `end`, sampling the queue; returns every tick's lateness.
+/// Ticks until `end`, sampling every dependency's queue; returns every
+/// tick's lateness.
 pub async fn measure(
     origin: Instant,
     end: Instant,
-    dependency: Arc<Dependency>,
+    dependencies: Vec<Arc<Dependency>>,
     recorder: Arc<Recorder>,
 ) -> Vec<Duration> {
     let mut late = Vec::with_capacity(((end - origin).as_millis() / 10) as usize + 1);
@@ -34,7 +35,13 @@ pub async fn measure(
         tokio::time::sleep_until(next).await;
         let now = Instant::now();
         late.push(now - next);
-        recorder.queue((now - origin).as_secs_f64(), dependency.queue_len(now));
+        for dependency in &dependencies {
+            recorder.queue(
+                dependency.which(),
+                (now - origin).as_secs_f64(),
+                dependency.queue_len(now),
+            );
+        }
         next += TICK;
         if next < now {
             // Far behind: count the lateness once, not as a burst of ticks.

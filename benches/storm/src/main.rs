@@ -1,19 +1,21 @@
 //! `retry-budget-storm`: the storm lab of docs/storm.md.
 //!
 //! One invocation is one run: a scenario (a dependency of capacity C whose
-//! capacity drops to a third for a while, or that fails at random), seeded
-//! open-loop activities from two tenants over many workers, and one retry
-//! policy: a published per-client one, or the real retry-budget server in
-//! one of its configurations. It prints one JSON object: the figures, the
-//! per-second series, and the lab's own scheduler lag (a starved run says
-//! so). `benches/storm/run.sh` runs the whole lab and writes the table and
+//! capacity drops to a third for a while, or that fails at random, with or
+//! without a healthy second dependency beside it), seeded open-loop
+//! activities from two tenants over many workers, and one retry policy: a
+//! published per-client one, or the real retry-budget server in one of its
+//! configurations. It prints one JSON object: the figures (the healthy
+//! dependency's under `healthy`), the per-second series, and the lab's own
+//! scheduler lag (a starved run says so). `benches/storm/run.sh` runs the whole lab and writes the table and
 //! the plot.
 //!
 //! # Layout
 //! - `setup`: the scenarios, the model's constants, the timeline.
 //! - `dependency`: capacity, slots, FIFO queue, wasted work.
 //! - `policy`: the per-client policies, pure state machines.
-//! - `service`: the retry-budget process and the worker loop's two calls.
+//! - `service`: the retry-budget process, the worker loop's two calls and
+//!   the traffic report.
 //! - `run`: arrivals, workers, activities, one run end to end.
 //! - `record`: per-second counters and the figures; `lag`: the lab's lag.
 #![forbid(unsafe_code)]
@@ -77,8 +79,13 @@ enum PolicyName {
     Grpc,
     Finagle,
     RbDefault,
+    RbStatic100,
     RbLow,
     RbRatio,
+    RbStatic2,
+    RbStatic5,
+    RbStatic20,
+    RbStatic40,
 }
 
 impl PolicyName {
@@ -91,7 +98,7 @@ impl PolicyName {
             PolicyName::Aws => Some(Rule::AwsQuota),
             PolicyName::Grpc => Some(Rule::GrpcThrottle),
             PolicyName::Finagle => Some(Rule::Finagle),
-            PolicyName::RbDefault | PolicyName::RbLow | PolicyName::RbRatio => None,
+            _ => None,
         }
     }
 
@@ -99,8 +106,13 @@ impl PolicyName {
     fn config(self) -> Option<Config> {
         match self {
             PolicyName::RbDefault => Some(Config::Default),
+            PolicyName::RbStatic100 => Some(Config::Static100),
             PolicyName::RbLow => Some(Config::Low),
             PolicyName::RbRatio => Some(Config::Ratio),
+            PolicyName::RbStatic2 => Some(Config::Static2),
+            PolicyName::RbStatic5 => Some(Config::Static5),
+            PolicyName::RbStatic20 => Some(Config::Static20),
+            PolicyName::RbStatic40 => Some(Config::Static40),
             _ => None,
         }
     }
@@ -155,6 +167,11 @@ async fn main() -> ExitCode {
         "rho": setup.rho,
         "trigger_capacity": setup.trigger_capacity,
         "workers": setup.workers,
+        "healthy_setup": setup.healthy.map(|h| json!({
+            "capacity": h.capacity,
+            "rho": h.rho,
+            "fail_probability": h.fail_probability,
+        })),
         "timeout_s": setup.timeout.as_secs_f64(),
         "short": args.short,
         "trigger_start": timeline.trigger_start(),

@@ -1,11 +1,12 @@
 //! What a run counts, per whole second and per activity, and the figures
 //! computed from it (docs/storm.md, "Measures").
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use serde_json::{Value, json};
 
-use crate::setup::{Setup, Timeline};
+use crate::setup::{A, B, Setup, Timeline};
 
 /// The two tenants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,13 +45,16 @@ pub struct Activity {
     pub arrived: f64,
     /// Whose it is.
     pub tenant: Tenant,
+    /// The dependency it calls (`setup::A` or `setup::B`).
+    pub dependency: usize,
     /// How it ended.
     pub end: End,
 }
 
-/// Counters per whole second of the run, and every activity's fate.
+/// One dependency's counters per whole second, and what the service said
+/// about its retries.
 #[derive(Debug, Default, Clone)]
-pub struct Tallies {
+pub struct Series {
     /// Dependency calls sent in each second.
     pub calls: Vec<u32>,
     /// Requests served in each second whose caller had already given up.
@@ -59,11 +63,41 @@ pub struct Tallies {
     pub goodput: Vec<u32>,
     /// The longest queue seen in each second (sampled every 10 ms).
     pub queue: Vec<u32>,
+    /// The retries a second the retry-budget server allowed this dependency
+    /// in each second, as its last traffic report that second answered.
+    pub allowed_rate: Vec<Option<f64>>,
+    /// The retry-budget server's deferrals of this dependency's retries, by
+    /// `defer_reason`: whose budget ran out.
+    pub deferrals: BTreeMap<String, u32>,
+    /// The retry-budget server's stops of this dependency's activities, by
+    /// stop code.
+    pub stops: BTreeMap<String, u32>,
+}
+
+impl Series {
+    fn new(seconds: usize) -> Self {
+        Self {
+            calls: vec![0; seconds],
+            wasted: vec![0; seconds],
+            goodput: vec![0; seconds],
+            queue: vec![0; seconds],
+            allowed_rate: vec![None; seconds],
+            ..Self::default()
+        }
+    }
+}
+
+/// Counters per dependency and per whole second, and every activity's
+/// fate.
+#[derive(Debug, Default, Clone)]
+pub struct Tallies {
+    /// Per dependency, `setup::A` first.
+    pub dependencies: Vec<Series>,
     /// Every activity, by arrival order.
     pub activities: Vec<Activity>,
     /// Calls to the retry-budget server that failed (should be none).
     pub service_errors: u32,
-    /// Deferrals the retry-budget server answered.
+    /// Deferrals the retry-budget server answered, all dependencies.
     pub deferrals: u32,
 }
 
@@ -75,14 +109,12 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Counters for a run of `seconds` whole seconds and these activities.
-    pub fn new(seconds: usize, activities: Vec<Activity>) -> Self {
+    /// Counters for a run of `seconds` whole seconds, `dependencies`
+    /// dependencies and these activities.
+    pub fn new(seconds: usize, dependencies: usize, activities: Vec<Activity>) -> Self {
         Self {
             tallies: Mutex::new(Tallies {
-                calls: vec![0; seconds],
-                wasted: vec![0; seconds],
-                goodput: vec![0; seconds],
-                queue: vec![0; seconds],
+                dependencies: (0..dependencies).map(|_| Series::new(seconds)).collect(),
                 activities,
                 ..Tallies::default()
             }),
@@ -96,21 +128,34 @@ impl Recorder {
             .expect("the recorder's lock is never poisoned"))
     }
 
-    /// A dependency call sent at `t`.
-    pub fn call(&self, t: f64) {
-        self.with(|x| bump(&mut x.calls, t));
+    /// A call to dependency `which` sent at `t`.
+    pub fn call(&self, which: usize, t: f64) {
+        self.with(|x| bump(&mut x.dependencies[which].calls, t));
     }
 
-    /// A request served at `t` whose caller had given up.
-    pub fn wasted(&self, t: f64) {
-        self.with(|x| bump(&mut x.wasted, t));
+    /// A request to dependency `which` served at `t` whose caller had given
+    /// up.
+    pub fn wasted(&self, which: usize, t: f64) {
+        self.with(|x| bump(&mut x.dependencies[which].wasted, t));
     }
 
-    /// The queue's length sampled at `t`.
-    pub fn queue(&self, t: f64, len: usize) {
+    /// Dependency `which`'s queue length sampled at `t`.
+    pub fn queue(&self, which: usize, t: f64, len: usize) {
         self.with(|x| {
-            if let Some(q) = x.queue.get_mut(t as usize) {
+            if let Some(q) = x.dependencies[which].queue.get_mut(t as usize) {
                 *q = (*q).max(len as u32);
+            }
+        });
+    }
+
+    /// The service said at `t` that dependency `which` may take `rate`
+    /// retries a second.
+    pub fn pace(&self, which: usize, t: f64, rate: f64) {
+        self.with(|x| {
+            if t >= 0.0
+                && let Some(slot) = x.dependencies[which].allowed_rate.get_mut(t as usize)
+            {
+                *slot = Some(rate);
             }
         });
     }
@@ -118,8 +163,9 @@ impl Recorder {
     /// Activity `index` ended.
     pub fn end(&self, index: usize, end: End) {
         self.with(|x| {
+            let which = x.activities[index].dependency;
             if let End::Succeeded(t) = end {
-                bump(&mut x.goodput, t);
+                bump(&mut x.dependencies[which].goodput, t);
             }
             x.activities[index].end = end;
         });
@@ -130,9 +176,27 @@ impl Recorder {
         self.with(|x| x.service_errors += 1);
     }
 
-    /// The retry-budget server deferred a retry.
-    pub fn deferral(&self) {
-        self.with(|x| x.deferrals += 1);
+    /// The retry-budget server deferred a retry of dependency `which`, for
+    /// `reason`.
+    pub fn deferral(&self, which: usize, reason: &str) {
+        self.with(|x| {
+            x.deferrals += 1;
+            *x.dependencies[which]
+                .deferrals
+                .entry(reason.to_owned())
+                .or_default() += 1;
+        });
+    }
+
+    /// The retry-budget server stopped an activity of dependency `which`,
+    /// with `code`.
+    pub fn stop(&self, which: usize, code: &str) {
+        self.with(|x| {
+            *x.dependencies[which]
+                .stops
+                .entry(code.to_owned())
+                .or_default() += 1;
+        });
     }
 
     /// A copy of the counters so far.
@@ -158,6 +222,15 @@ fn mean(series: &[u32], from: f64, to: f64) -> f64 {
     series[from..to].iter().map(|&n| f64::from(n)).sum::<f64>() / (to - from) as f64
 }
 
+/// The least of `series` over whole seconds `[from, to)`.
+fn least(series: &[u32], from: f64, to: f64) -> u32 {
+    let (from, to) = (from as usize, (to as usize).min(series.len()));
+    series
+        .get(from..to)
+        .and_then(|s| s.iter().min().copied())
+        .unwrap_or(0)
+}
+
 /// Seconds after the trigger's end until goodput is back for good: the
 /// first second `s` from which the mean goodput of the 5 s ending at each
 /// second stays at or above 95% of `baseline` for 10 s. `None` when no such
@@ -178,8 +251,14 @@ pub fn recovery(goodput: &[u32], baseline: f64, timeline: &Timeline) -> Option<f
         .map(|s| (s - first) as f64)
 }
 
-/// The share of `tenant`'s activities arrived in `[from, to)` that succeeded.
-fn success_share(activities: &[Activity], tenant: Option<Tenant>, from: f64, to: f64) -> Value {
+/// The share of the activities arrived in `[from, to)` that succeeded, of
+/// `tenant` (or all) among `activities`.
+fn success_share<'a>(
+    activities: impl IntoIterator<Item = &'a Activity>,
+    tenant: Option<Tenant>,
+    from: f64,
+    to: f64,
+) -> Value {
     let mut arrived = 0u32;
     let mut succeeded = 0u32;
     for a in activities {
@@ -197,22 +276,40 @@ fn success_share(activities: &[Activity], tenant: Option<Tenant>, from: f64, to:
     }
 }
 
-/// The figures of one run, as JSON.
+/// The figures of one run, as JSON: those of dependency A (the only one,
+/// or the one the trigger hits) at the top, and with a healthy dependency
+/// B beside it, B's under `healthy`.
 pub fn summarize(tallies: &Tallies, setup: &Setup) -> Value {
+    let mut out = figures(tallies, setup, A);
+    if let Value::Object(out) = &mut out {
+        out.insert("service_errors".into(), json!(tallies.service_errors));
+        out.insert("deferrals".into(), json!(tallies.deferrals));
+        if setup.healthy.is_some() {
+            out.insert("healthy".into(), figures(tallies, setup, B));
+        }
+    }
+    out
+}
+
+/// The figures of dependency `which`.
+fn figures(tallies: &Tallies, setup: &Setup, which: usize) -> Value {
     let tl = &setup.timeline;
-    let before = mean(&tallies.goodput, tl.before_start(), tl.trigger_start());
-    let during = mean(&tallies.goodput, tl.trigger_start(), tl.trigger_end());
-    let after = mean(&tallies.goodput, tl.trigger_end(), tl.end());
+    let series = &tallies.dependencies[which];
+    let goodput = &series.goodput;
+    let before = mean(goodput, tl.before_start(), tl.trigger_start());
+    let during = mean(goodput, tl.trigger_start(), tl.trigger_end());
+    let after = mean(goodput, tl.trigger_end(), tl.end());
     let recovery = if setup.trigger_capacity < 1.0 {
-        recovery(&tallies.goodput, before, tl)
+        recovery(goodput, before, tl)
     } else {
         None
     };
-    let calls: u32 = tallies.calls.iter().sum();
-    let served_late: u32 = tallies.wasted.iter().sum();
-    let arrived = tallies.activities.len() as f64;
-    let rate = setup.arrival_rate();
-    let worst_second = tallies
+    let calls: u32 = series.calls.iter().sum();
+    let served_late: u32 = series.wasted.iter().sum();
+    let mine = || tallies.activities.iter().filter(|a| a.dependency == which);
+    let arrived = mine().count() as f64;
+    let rate = setup.arrival_rate_of(which);
+    let worst_second = series
         .calls
         .iter()
         .skip(tl.before_start() as usize)
@@ -221,28 +318,39 @@ pub fn summarize(tallies: &Tallies, setup: &Setup) -> Value {
     // Activities late in the run may still be running when it ends: shares
     // are taken over arrivals that had at least 10 s before the end.
     let settled = tl.end() - 10.0;
-    let share = |tenant, from, to| success_share(&tallies.activities, tenant, from, to);
+    let share = |tenant, from, to| success_share(mine(), tenant, from, to);
     json!({
+        "dependency": setup.dependency_name(which),
+        "arrived": arrived,
         "goodput_before": before,
         "goodput_during": during,
+        "goodput_during_min": least(goodput, tl.trigger_start(), tl.trigger_end()),
         "goodput_after": after,
-        "goodput_last10": mean(&tallies.goodput, tl.end() - 10.0, tl.end()),
+        "goodput_last10": mean(goodput, tl.end() - 10.0, tl.end()),
         "recovery_s": recovery,
         "amplification": if arrived > 0.0 { f64::from(calls) / arrived } else { 0.0 },
         "amplification_worst_second": worst_second,
         "calls": calls,
         "wasted": served_late,
         "wasted_share": if calls > 0 { f64::from(served_late) / f64::from(calls) } else { 0.0 },
-        "queue_end": tallies.queue.get(tl.end() as usize - 1).copied().unwrap_or(0),
-        "queue_max": tallies.queue.iter().max().copied().unwrap_or(0),
+        "queue_end": series.queue.get(tl.end() as usize - 1).copied().unwrap_or(0),
+        "queue_max": series.queue.iter().max().copied().unwrap_or(0),
         "succeeded_share": share(None, tl.before_start(), settled),
+        "succeeded_share_during": share(None, tl.trigger_start(), tl.trigger_end()),
         "noisy_during": share(Some(Tenant::Noisy), tl.trigger_start(), tl.trigger_end()),
         "quiet_during": share(Some(Tenant::Quiet), tl.trigger_start(), tl.trigger_end()),
         "noisy_after": share(Some(Tenant::Noisy), tl.trigger_end(), settled),
         "quiet_after": share(Some(Tenant::Quiet), tl.trigger_end(), settled),
-        "pending_at_end": tallies.activities.iter().filter(|a| a.end == End::Pending).count(),
-        "service_errors": tallies.service_errors,
-        "deferrals": tallies.deferrals,
+        "pending_at_end": mine().filter(|a| a.end == End::Pending).count(),
+        "deferral_reasons": series.deferrals,
+        "stops": series.stops,
+        "series": {
+            "goodput": series.goodput,
+            "calls": series.calls,
+            "queue": series.queue,
+            "wasted": series.wasted,
+            "allowed_rate": series.allowed_rate,
+        },
     })
 }
 
@@ -279,6 +387,7 @@ mod tests {
         let a = |arrived, tenant, end| Activity {
             arrived,
             tenant,
+            dependency: A,
             end,
         };
         let acts = [

@@ -7,18 +7,28 @@ use std::time::{Duration, SystemTime};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::dependency::{Dependency, Outcome};
 use crate::policy::{ClientPolicy, Failure, Rule};
 use crate::record::{Activity, End, Recorder, Tenant};
-use crate::service::{Decision, Server};
-use crate::setup::Setup;
+use crate::service::{Decision, Server, Traffic};
+use crate::setup::{A, B, Setup};
 
 /// Mixed into the seed for the restart times, so that drawing them leaves
 /// the arrivals as they are in the scenarios without restarts.
 const RESTART_STREAM: u64 = 0x7265_7374_6172_7473;
+/// Mixed into the seed for the healthy dependency's arrivals, so that the
+/// failing one's are those of the one-dependency scenarios.
+const HEALTHY_STREAM: u64 = 0x6865_616c_7468_7979;
+/// The stop the lab counts when its own deadline (from the activity's
+/// arrival, earlier than the service's, which counts from the first
+/// failure) ends an activity the service would have let wait.
+const LAB_DEADLINE: &str = "lab_deadline";
+/// How often each worker reports its traffic to the service, as the
+/// Python and Node clients do.
+const TRAFFIC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Who decides retries.
 #[derive(Debug)]
@@ -39,6 +49,8 @@ struct Arrival {
     tenant: Tenant,
     /// The worker that runs it.
     worker: usize,
+    /// The dependency it calls (`A` or `B`).
+    dependency: usize,
     /// Seeds its failures and jitter.
     seed: u64,
 }
@@ -47,10 +59,19 @@ struct Arrival {
 struct Lab {
     setup: Setup,
     origin: Instant,
-    dependency: Arc<Dependency>,
+    /// The run's dependencies, `A` first.
+    dependencies: Vec<Arc<Dependency>>,
     recorder: Arc<Recorder>,
-    /// Per worker: its client policy state (unused with the service).
-    workers: Vec<Mutex<ClientPolicy>>,
+    /// Per worker and dependency (`worker * dependencies + dependency`): the
+    /// client policy state, unused with the service. A worker holds one
+    /// client per dependency, as an SDK client (a boto3 client per service,
+    /// a gRPC channel per target, a Finagle client per destination) is
+    /// built for one destination: its quota, tokens or budget are that
+    /// worker's for that dependency alone.
+    clients: Vec<Mutex<ClientPolicy>>,
+    /// Per worker and dependency, as `clients`: its calls since its last
+    /// traffic report (the service only).
+    traffic: Vec<Mutex<Traffic>>,
     policy: Policy,
 }
 
@@ -59,18 +80,42 @@ impl Lab {
         t.saturating_duration_since(self.origin).as_secs_f64()
     }
 
-    fn worker(&self, index: usize) -> std::sync::MutexGuard<'_, ClientPolicy> {
-        self.workers[index]
+    fn client(&self, worker: usize, dependency: usize) -> std::sync::MutexGuard<'_, ClientPolicy> {
+        self.clients[worker * self.dependencies.len() + dependency]
             .lock()
-            .expect("a worker's lock is never poisoned")
+            .expect("a client's lock is never poisoned")
+    }
+
+    fn traffic(&self, worker: usize, dependency: usize) -> std::sync::MutexGuard<'_, Traffic> {
+        self.traffic[worker * self.dependencies.len() + dependency]
+            .lock()
+            .expect("a traffic count's lock is never poisoned")
+    }
+
+    /// The dependency a pace the service answered is for.
+    fn which(&self, name: &str) -> Option<usize> {
+        (0..self.dependencies.len()).find(|&d| {
+            let ours = self.setup.dependency_name(d);
+            name == ours || (ours.is_empty() && name == "default")
+        })
     }
 }
 
-/// Draws the run's arrivals: Poisson at `rho * C`, 80% noisy, each on a
-/// worker drawn uniformly.
+/// Draws the run's arrivals: for each dependency, Poisson at its rate, 80%
+/// noisy, each on a worker drawn uniformly; merged in time order.
 fn arrivals(setup: &Setup) -> Vec<Arrival> {
-    let mut rng = StdRng::seed_from_u64(setup.seed);
-    let rate = setup.arrival_rate();
+    let mut out = arrivals_of(setup, A, setup.seed);
+    if setup.healthy.is_some() {
+        out.extend(arrivals_of(setup, B, setup.seed ^ HEALTHY_STREAM));
+        out.sort_by(|a, b| a.at.total_cmp(&b.at));
+    }
+    out
+}
+
+/// Dependency `which`'s arrivals, drawn from `seed`.
+fn arrivals_of(setup: &Setup, which: usize, seed: u64) -> Vec<Arrival> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let rate = setup.arrival_rate_of(which);
     let end = setup.timeline.end();
     let mut out = Vec::with_capacity((rate * end * 1.1) as usize);
     let mut at = 0.0;
@@ -88,6 +133,7 @@ fn arrivals(setup: &Setup) -> Vec<Arrival> {
             at,
             tenant,
             worker: rng.random_range(0..setup.workers),
+            dependency: which,
             seed: rng.random(),
         });
     }
@@ -100,11 +146,13 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
     let seconds = tl.end().ceil() as usize + 1;
     let recorder = Arc::new(Recorder::new(
         seconds,
+        setup.dependencies(),
         arrivals
             .iter()
             .map(|a| Activity {
                 arrived: a.at,
                 tenant: a.tenant,
+                dependency: a.dependency,
                 end: End::Pending,
             })
             .collect(),
@@ -115,15 +163,19 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
     };
     // A short margin so the first arrivals are not late on the clock.
     let origin = Instant::now() + Duration::from_millis(100);
-    let dependency = Arc::new(Dependency::new(setup, origin, recorder.clone()));
+    let dependencies: Vec<_> = (0..setup.dependencies())
+        .map(|which| Arc::new(Dependency::new(setup, which, origin, recorder.clone())))
+        .collect();
+    let clients = setup.workers * dependencies.len();
     let lab = Arc::new(Lab {
         setup,
         origin,
-        dependency: dependency.clone(),
+        dependencies: dependencies.clone(),
         recorder: recorder.clone(),
-        workers: (0..setup.workers)
+        clients: (0..clients)
             .map(|_| Mutex::new(ClientPolicy::new(rule)))
             .collect(),
+        traffic: (0..clients).map(|_| Mutex::default()).collect(),
         policy,
     });
 
@@ -136,8 +188,20 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
             let lab = lab.clone();
             tokio::spawn(async move {
                 tokio::time::sleep_until(lab.origin + Duration::from_secs_f64(at)).await;
-                *lab.worker(worker) = ClientPolicy::new(rule);
+                for dependency in 0..lab.dependencies.len() {
+                    *lab.client(worker, dependency) = ClientPolicy::new(rule);
+                }
             });
+        }
+    }
+
+    if let Policy::Service(_) = lab.policy {
+        // Each worker reports its traffic once a second, the workers'
+        // reports spread evenly over the second.
+        for worker in 0..setup.workers {
+            let lab = lab.clone();
+            let phase = TRAFFIC_INTERVAL.mul_f64(worker as f64 / setup.workers as f64);
+            tokio::spawn(async move { report_traffic(lab, worker, phase).await });
         }
     }
 
@@ -153,25 +217,59 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
     };
 
     let end = origin + Duration::from_secs_f64(tl.end());
-    let mut late = crate::lag::measure(origin, end, dependency, recorder.clone()).await;
+    let mut late = crate::lag::measure(origin, end, dependencies, recorder.clone()).await;
     driver.abort();
     let tallies = recorder.snapshot();
     let mut out = crate::record::summarize(&tallies, &setup);
     let lag = crate::lag::summarize(&mut late);
     merge(&mut out, lag);
-    merge(
-        &mut out,
-        json!({
-            "arrived": tallies.activities.len(),
-            "series": {
-                "goodput": tallies.goodput,
-                "calls": tallies.calls,
-                "queue": tallies.queue,
-                "wasted": tallies.wasted,
-            },
-        }),
-    );
     out
+}
+
+/// A worker's traffic reports: every `TRAFFIC_INTERVAL` from `phase`, its
+/// calls to each dependency since the last report, when it made any (the
+/// clients send nothing for an idle interval). The answer's pace of each
+/// dependency is recorded.
+async fn report_traffic(lab: Arc<Lab>, worker: usize, phase: Duration) {
+    let Policy::Service(server) = &lab.policy else {
+        return;
+    };
+    let end = lab.origin + Duration::from_secs_f64(lab.setup.timeline.end());
+    let mut next = lab.origin + phase + TRAFFIC_INTERVAL;
+    while next < end {
+        tokio::time::sleep_until(next).await;
+        next += TRAFFIC_INTERVAL;
+        let counts: Vec<_> = (0..lab.dependencies.len())
+            .map(|d| (d, std::mem::take(&mut *lab.traffic(worker, d))))
+            .filter(|(_, t)| t.calls > 0)
+            .collect();
+        if counts.is_empty() {
+            continue;
+        }
+        let report = counts
+            .iter()
+            .map(|&(d, t)| (lab.setup.dependency_name(d), t));
+        match server.report_traffic(report).await {
+            Ok(paces) => {
+                let t = lab.seconds(Instant::now());
+                for (name, rate) in paces {
+                    if let Some(which) = lab.which(&name) {
+                        lab.recorder.pace(which, t, rate);
+                    }
+                }
+            }
+            Err(_) => {
+                // The clients keep the counts for the next report.
+                for (d, t) in counts {
+                    let mut kept = lab.traffic(worker, d);
+                    kept.calls += t.calls;
+                    kept.successes += t.successes;
+                    kept.failures += t.failures;
+                }
+                lab.recorder.service_error();
+            }
+        }
+    }
 }
 
 fn merge(into: &mut Value, from: Value) {
@@ -184,29 +282,40 @@ fn merge(into: &mut Value, from: Value) {
 /// policy, the attempts or the deadline stop it.
 async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
     let setup = &lab.setup;
+    let which = arrival.dependency;
+    let dependency = setup.dependency_name(which);
     let mut rng = StdRng::seed_from_u64(arrival.seed);
     let deadline = lab.origin + Duration::from_secs_f64(arrival.at) + setup.deadline;
     let activity_id = format!("s{}-a{index}", setup.seed);
     let mut attempt = 1;
     let mut last_cost = 0;
     if let Policy::Client(_) = lab.policy {
-        lab.worker(arrival.worker)
+        lab.client(arrival.worker, which)
             .on_request(lab.seconds(Instant::now()));
     }
     let end = loop {
         // Drawn for every attempt under every policy, so the n-th attempt of
         // an activity fails (flaky) or not alike everywhere.
-        let fails = rng.random::<f64>() < setup.fail_probability;
+        let fails = rng.random::<f64>() < setup.fail_probability_of(which);
         let u = rng.random::<f64>();
-        let outcome = lab.dependency.call(fails).await;
+        let outcome = lab.dependencies[which].call(fails).await;
         let now = Instant::now();
+        if let Policy::Service(_) = lab.policy {
+            // Counted as the clients count a call: a success is sent with
+            // RecordSuccess below, which counts it, so here only the call.
+            let mut traffic = lab.traffic(arrival.worker, which);
+            traffic.calls += 1;
+            if outcome != Outcome::Ok {
+                traffic.failures += 1;
+            }
+        }
         if outcome == Outcome::Ok {
             match &lab.policy {
-                Policy::Client(_) => lab.worker(arrival.worker).on_success(last_cost),
+                Policy::Client(_) => lab.client(arrival.worker, which).on_success(last_cost),
                 Policy::Service(server) => {
                     lab.recorder.end(index, End::Succeeded(lab.seconds(now)));
                     if server
-                        .record_success(arrival.tenant.id(), &activity_id)
+                        .record_success(arrival.tenant.id(), dependency, &activity_id)
                         .await
                         .is_err()
                     {
@@ -224,9 +333,9 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
                     timed_out: outcome == Outcome::TimedOut,
                     may_retry: attempt < setup.max_attempts && now < deadline,
                 };
-                let retry = lab
-                    .worker(arrival.worker)
-                    .on_failure(lab.seconds(now), failure, u);
+                let retry =
+                    lab.client(arrival.worker, which)
+                        .on_failure(lab.seconds(now), failure, u);
                 match retry {
                     Some(retry) => {
                         last_cost = retry.cost;
@@ -244,6 +353,9 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
         };
         // The execution system's schedule-to-close deadline, alike for all.
         if wake >= deadline {
+            if let Policy::Service(_) = lab.policy {
+                lab.recorder.stop(which, LAB_DEADLINE);
+            }
             break End::Failed;
         }
         tokio::time::sleep_until(wake).await;
@@ -265,9 +377,11 @@ async fn ask(
 ) -> Option<Instant> {
     let failed_at = SystemTime::now();
     loop {
+        let which = arrival.dependency;
         let decision = server
             .next_action(
                 arrival.tenant.id(),
+                lab.setup.dependency_name(which),
                 activity_id,
                 attempt,
                 failed_at,
@@ -277,14 +391,18 @@ async fn ask(
             .await;
         match decision {
             Ok(Decision::Retry(at)) => return Some(instant(at)),
-            Ok(Decision::Deferred(at)) => {
-                lab.recorder.deferral();
+            Ok(Decision::Deferred(at, reason)) => {
+                lab.recorder.deferral(which, &reason);
                 if instant(at) >= deadline {
+                    lab.recorder.stop(which, LAB_DEADLINE);
                     return None;
                 }
                 tokio::time::sleep_until(instant(at)).await;
             }
-            Ok(Decision::Stop) => return None,
+            Ok(Decision::Stop(code)) => {
+                lab.recorder.stop(which, &code);
+                return None;
+            }
             Err(_) => {
                 lab.recorder.service_error();
                 return None;
@@ -299,5 +417,29 @@ fn instant(at: SystemTime) -> Instant {
     match at.duration_since(SystemTime::now()) {
         Ok(ahead) => now + ahead,
         Err(_) => now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::setup::{Scenario, Timeline};
+
+    #[test]
+    fn two_deps_gives_a_the_drop_arrivals_and_b_its_own_in_time_order() {
+        let drop = Setup::new(Scenario::Drop, 200.0, Timeline::SHORT, 3);
+        let two = Setup::new(Scenario::TwoDeps, 200.0, Timeline::SHORT, 3);
+        let key = |a: &Arrival| (a.at, a.worker, a.seed);
+        let of_a: Vec<_> = arrivals(&two)
+            .iter()
+            .filter(|a| a.dependency == A)
+            .map(key)
+            .collect();
+        assert_eq!(of_a, arrivals(&drop).iter().map(key).collect::<Vec<_>>());
+        let all = arrivals(&two);
+        assert!(all.windows(2).all(|w| w[0].at <= w[1].at));
+        // B at rho 0.6 of 200 a second over the short run's 31 s: about 3,720.
+        let of_b = all.iter().filter(|a| a.dependency == B).count();
+        assert!((3_300..4_100).contains(&of_b), "{of_b} arrivals of B");
     }
 }

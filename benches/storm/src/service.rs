@@ -10,33 +10,68 @@ use retry_budget::grpc::pb;
 use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use tonic::transport::Channel;
 
+/// Pins every dependency's budget at a rate the global bucket always binds
+/// first: only `--retry-rate` limits retries, as before the per-dependency
+/// budgets (issue #52) existed.
+const GLOBAL_ONLY: [&str; 2] = ["--dependency-rate", "1000000"];
+
 /// The configurations a user could choose (docs/storm.md, "Policies").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Config {
-    /// The defaults: a static 100 tokens a second, burst 100.
+    /// The defaults, no flags: since issue #52 an adaptive budget per
+    /// dependency (a tenth of its successes a second over 5 s, a floor of 1
+    /// a second, no ceiling), nested in the global 100 tokens a second,
+    /// burst 100.
     Default,
-    /// A low static rate: 10 tokens a second (5% of the full lab's C),
-    /// burst 10.
+    /// The default before issue #52: the global 100 tokens a second, burst
+    /// 100, and nothing per dependency.
+    Static100,
+    /// A low static global rate: 10 tokens a second (5% of the full lab's
+    /// C), burst 10, nothing per dependency. Also the sweep's 10.
     Low,
     /// The success-deposit ratio budget: each success earns 0.1 token, on
-    /// a floor of 1 token a second, burst 20.
+    /// a floor of 1 token a second, burst 20, nothing per dependency.
     Ratio,
+    /// The sweep of static global rates, burst = rate, nothing per
+    /// dependency: the best of them chosen in hindsight is what the
+    /// adaptive default is measured against.
+    Static2,
+    /// The sweep: 5 a second.
+    Static5,
+    /// The sweep: 20 a second.
+    Static20,
+    /// The sweep: 40 a second, the full lab's spare capacity (1 - rho) C.
+    Static40,
 }
 
 impl Config {
     /// The server flags of this configuration.
-    pub fn flags(self) -> &'static [&'static str] {
+    pub fn flags(self) -> Vec<&'static str> {
+        let global = |rate: &'static str| {
+            let mut flags = vec!["--retry-rate", rate, "--retry-burst", rate];
+            flags.extend(GLOBAL_ONLY);
+            flags
+        };
         match self {
-            Config::Default => &[],
-            Config::Low => &["--retry-rate", "10", "--retry-burst", "10"],
-            Config::Ratio => &[
-                "--retry-rate",
-                "1",
-                "--retry-burst",
-                "20",
-                "--success-deposit",
-                "0.1",
-            ],
+            Config::Default => vec![],
+            Config::Static100 => GLOBAL_ONLY.to_vec(),
+            Config::Low => global("10"),
+            Config::Ratio => {
+                let mut flags = vec![
+                    "--retry-rate",
+                    "1",
+                    "--retry-burst",
+                    "20",
+                    "--success-deposit",
+                    "0.1",
+                ];
+                flags.extend(GLOBAL_ONLY);
+                flags
+            }
+            Config::Static2 => global("2"),
+            Config::Static5 => global("5"),
+            Config::Static20 => global("20"),
+            Config::Static40 => global("40"),
         }
     }
 }
@@ -54,14 +89,28 @@ pub struct Server {
 }
 
 /// What the service said about a failed attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Run the next attempt at this time.
     Retry(SystemTime),
-    /// Report the same attempt again at this time.
-    Deferred(SystemTime),
-    /// Stop: attempts, deadline, or another stop code.
-    Stop,
+    /// Report the same attempt again at this time; the `defer_reason`
+    /// (whose budget ran out).
+    Deferred(SystemTime, String),
+    /// Stop: attempts, deadline, or another stop code (the `code`).
+    Stop(String),
+}
+
+/// A worker's calls to one dependency since its last traffic report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Calls made, first attempts and retries.
+    pub calls: u64,
+    /// Successes not already counted by `RecordSuccess` with the
+    /// dependency (the clients' `success_recorded`): none in the lab, where
+    /// every success ends its activity and is recorded.
+    pub successes: u64,
+    /// Calls that failed or timed out.
+    pub failures: u64,
 }
 
 /// The activity policy the workers report on the first failure: the lab's
@@ -135,6 +184,7 @@ impl Server {
     pub async fn next_action(
         &self,
         tenant: &str,
+        dependency: &str,
         activity_id: &str,
         attempt: u32,
         occurred_at: SystemTime,
@@ -147,6 +197,7 @@ impl Server {
             error_class: pb::ErrorClass::Transient as i32,
             policy: Some(policy(max_attempts, deadline)),
             occurred_at: Some(occurred_at.into()),
+            dependency: dependency.to_owned(),
             ..Default::default()
         });
         request.metadata_mut().insert(
@@ -164,25 +215,27 @@ impl Server {
         };
         Ok(match answer.action() {
             pb::Action::ScheduleRetry => Decision::Retry(not_before()),
-            pb::Action::Deferred => Decision::Deferred(not_before()),
-            _ => Decision::Stop,
+            pb::Action::Deferred => Decision::Deferred(not_before(), answer.defer_reason),
+            _ => Decision::Stop(answer.code),
         })
     }
 
-    /// Step 3 of the worker loop: `RecordSuccess` (the ratio budget's
-    /// deposits come from it).
+    /// Step 3 of the worker loop: `RecordSuccess` with the dependency: it
+    /// closes the activity, counts one success of the dependency (which
+    /// paces its adaptive budget), and makes the ratio budget's deposit.
     ///
     /// # Errors
     /// The call's status, when it fails.
     pub async fn record_success(
         &self,
         tenant: &str,
+        dependency: &str,
         activity_id: &str,
     ) -> Result<(), tonic::Status> {
         let mut request = tonic::Request::new(pb::RecordSuccessRequest {
             activity_id: activity_id.to_owned(),
             occurred_at: Some(SystemTime::now().into()),
-            ..Default::default()
+            dependency: dependency.to_owned(),
         });
         request.metadata_mut().insert(
             retry_budget::grpc::TENANT_HEADER,
@@ -192,5 +245,52 @@ impl Server {
         );
         self.client.clone().record_success(request).await?;
         Ok(())
+    }
+
+    /// A worker's traffic report, as the Python and Node clients send one
+    /// about once a second: its calls to each dependency since the last.
+    /// Returns each dependency's name and the retries a second it may take
+    /// now (the service's `DependencyPace`).
+    ///
+    /// # Errors
+    /// The call's status, when it fails.
+    pub async fn report_traffic(
+        &self,
+        traffic: impl IntoIterator<Item = (&str, Traffic)>,
+    ) -> Result<Vec<(String, f64)>, tonic::Status> {
+        let request = pb::ReportTrafficRequest {
+            dependencies: traffic
+                .into_iter()
+                .map(|(dependency, t)| pb::DependencyTraffic {
+                    dependency: dependency.to_owned(),
+                    calls: t.calls,
+                    successes: t.successes,
+                    failures: t.failures,
+                })
+                .collect(),
+        };
+        let answer = self.client.clone().report_traffic(request).await?;
+        Ok(answer
+            .into_inner()
+            .dependencies
+            .into_iter()
+            .map(|pace| (pace.dependency, pace.allowed_rate))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn only_the_default_runs_the_adaptive_budget_per_dependency() {
+        for config in Config::value_variants() {
+            let flags = config.flags();
+            let pinned = flags.windows(2).any(|w| w == GLOBAL_ONLY);
+            assert_eq!(pinned, *config != Config::Default, "{config:?}: {flags:?}");
+        }
+        assert!(Config::Default.flags().is_empty());
     }
 }

@@ -72,10 +72,31 @@ pub enum Scenario {
     /// The drop, every worker restarting once during it (per-client state
     /// starts full again).
     Restart,
-    // Two dependencies, one failing, comes with per-dependency budgets
-    // (issue #52): a `Setup` with a second `Dependency` and a worker loop
-    // that names the dependency it called.
+    /// Two dependencies (issue #52): A is the drop's, B a healthy one of its
+    /// own capacity beside it, called by the same workers. B fails a few
+    /// calls at random, so that it needs a few retries that a budget could
+    /// refuse; without them no retry policy could touch B at all.
+    TwoDeps,
 }
+
+/// The healthy dependency B of the `two-deps` scenario: the trigger does
+/// not touch it.
+#[derive(Debug, Clone, Copy)]
+pub struct Healthy {
+    /// B's capacity, requests a second.
+    pub capacity: f64,
+    /// B's activities arrive at `rho * capacity` a second (Poisson), on top
+    /// of A's.
+    pub rho: f64,
+    /// Probability that a served call to B fails anyway: a healthy
+    /// dependency's usual transient errors, which its retries repair.
+    pub fail_probability: f64,
+}
+
+/// The dependency the trigger hits: the only one, or A in `two-deps`.
+pub const A: usize = 0;
+/// The healthy dependency B of `two-deps`.
+pub const B: usize = 1;
 
 /// Everything a run's model needs.
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +123,8 @@ pub struct Setup {
     pub fail_probability: f64,
     /// Every worker restarts once at a random time during the trigger.
     pub restart: bool,
+    /// A second dependency beside the one the trigger hits (`two-deps`).
+    pub healthy: Option<Healthy>,
     /// The phases.
     pub timeline: Timeline,
     /// Seeds arrivals, tenants, workers, jitter, failures and restarts.
@@ -123,6 +146,7 @@ impl Setup {
             trigger_capacity: 1.0 / 3.0,
             fail_probability: 0.0,
             restart: false,
+            healthy: None,
             timeline,
             seed,
         };
@@ -146,11 +170,43 @@ impl Setup {
                 restart: true,
                 ..main
             },
+            // B: the same C as A, the flaky scenario's load (rho 0.6), 5% of
+            // its calls failing at random: about 6 retries a second wanted,
+            // half of what the adaptive default allows it (a tenth of its
+            // 120 successes a second), so a budget that defers them does so
+            // for want of tokens elsewhere, not of B's own.
+            Scenario::TwoDeps => Self {
+                healthy: Some(Healthy {
+                    capacity,
+                    rho: 0.6,
+                    fail_probability: 0.05,
+                }),
+                ..main
+            },
         }
     }
 
-    /// The capacity at `t` seconds into the run.
-    pub fn capacity_at(&self, t: f64) -> f64 {
+    /// How many dependencies the run has.
+    pub fn dependencies(&self) -> usize {
+        if self.healthy.is_some() { 2 } else { 1 }
+    }
+
+    /// The name a worker gives dependency `which` when it asks the service:
+    /// empty (the service's default dependency) when there is only one, as
+    /// a worker that never names one sends.
+    pub fn dependency_name(&self, which: usize) -> &'static str {
+        match (self.healthy, which) {
+            (None, _) => "",
+            (Some(_), A) => "a",
+            (Some(_), _) => "b",
+        }
+    }
+
+    /// Dependency `which`'s capacity at `t` seconds into the run.
+    pub fn capacity_at(&self, which: usize, t: f64) -> f64 {
+        if which != A {
+            return self.healthy.map_or(self.capacity, |h| h.capacity);
+        }
         let tl = &self.timeline;
         if t >= tl.trigger_start() && t < tl.trigger_end() {
             self.capacity * self.trigger_capacity
@@ -159,8 +215,25 @@ impl Setup {
         }
     }
 
-    /// The mean arrival rate, activities a second.
+    /// Probability that a served call to dependency `which` fails anyway.
+    pub fn fail_probability_of(&self, which: usize) -> f64 {
+        match self.healthy {
+            Some(h) if which != A => h.fail_probability,
+            _ => self.fail_probability,
+        }
+    }
+
+    /// The mean arrival rate of dependency A's (or the only one's)
+    /// activities, a second.
     pub fn arrival_rate(&self) -> f64 {
         self.rho * self.capacity
+    }
+
+    /// The mean arrival rate of dependency `which`'s activities, a second.
+    pub fn arrival_rate_of(&self, which: usize) -> f64 {
+        match self.healthy {
+            Some(h) if which != A => h.rho * h.capacity,
+            _ => self.arrival_rate(),
+        }
     }
 }

@@ -109,7 +109,7 @@ pub use crate::setting::ConfigError;
 pub(crate) use crate::setting::duration;
 
 pub use self::server::{LimitsConfig, ServeConfig, TlsConfig};
-pub use self::store::{DEFAULT_DATA_DIR, StoreConfig};
+pub use self::store::{Backend, DEFAULT_DATA_DIR, StoreConfig};
 
 /// The service's whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -24,7 +24,7 @@ use crate::bucket::{BucketConfigError, FairBucket};
 use crate::budget::classify::RuleError;
 use tokio::sync::mpsc;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Backend, Config, ConfigError};
 use crate::coord::{CoordinationConfigError, Coordinator};
 use crate::grpc::pb;
 use crate::ledger::Ledger;
@@ -101,16 +101,19 @@ pub async fn run_reloading(
     shutdown: impl Future<Output = ()>,
     reloads: Option<mpsc::UnboundedReceiver<Reload>>,
 ) -> Result<(), ServerError> {
-    if let Some(options) = config.store.postgres_options() {
-        let store = PgStore::open(&options)?;
-        let counted = store.clone();
-        let pool = store.coordination_pool().clone();
-        let result = serve_with(listener, store, config, shutdown, Some(pool), reloads).await;
-        let [commits, saves, ..] = counted.commit_stats().snapshot();
-        tracing::info!(commits, saves, "group commit totals");
-        return result;
-    }
-    let store = RedbStore::open(&config.store.redb_options())?;
+    let options = match config.store.backend() {
+        Backend::Postgres(options) => {
+            let store = PgStore::open(&options)?;
+            let counted = store.clone();
+            let pool = store.coordination_pool().clone();
+            let result = serve_with(listener, store, config, shutdown, Some(pool), reloads).await;
+            let [commits, saves, ..] = counted.commit_stats().snapshot();
+            tracing::info!(commits, saves, "group commit totals");
+            return result;
+        }
+        Backend::Embedded(options) => options,
+    };
+    let store = RedbStore::open(&options)?;
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.
     let counted = store.clone();

@@ -92,8 +92,32 @@ impl Default for StoreConfig {
     }
 }
 
+/// The store a configuration opens: the embedded one, or PostgreSQL when
+/// `postgres_url` is set, with only the settings that store reads.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded journal and redb, in `data_dir`.
+    Embedded(RedbStoreOptions),
+    /// PostgreSQL, shared by several replicas.
+    Postgres(PostgresOptions),
+}
+
 impl StoreConfig {
-    /// The embedded store's options for these settings.
+    /// Which store to open, and its settings.
+    pub fn backend(&self) -> Backend {
+        match &self.postgres_url {
+            Some(url) => Backend::Postgres(PostgresOptions {
+                url: url.clone(),
+                pool_size: self.pool_size,
+                timeout: self.db_timeout,
+                max_batch: self.max_batch,
+                ca_file: self.db_ca_file.clone(),
+            }),
+            None => Backend::Embedded(self.redb_options()),
+        }
+    }
+
+    /// The embedded store's settings (also what `migrate` reads from).
     pub fn redb_options(&self) -> RedbStoreOptions {
         let mut options = RedbStoreOptions::new(&self.data_dir);
         options.max_batch = self.max_batch;
@@ -103,17 +127,6 @@ impl StoreConfig {
         options.backlog_bytes = self.backlog_bytes;
         options.runtime_idle.clone_from(&self.runtime_idle);
         options
-    }
-
-    /// The PostgreSQL store's options, when one is configured.
-    pub fn postgres_options(&self) -> Option<PostgresOptions> {
-        self.postgres_url.as_ref().map(|url| PostgresOptions {
-            url: url.clone(),
-            pool_size: self.pool_size,
-            timeout: self.db_timeout,
-            max_batch: self.max_batch,
-            ca_file: self.db_ca_file.clone(),
-        })
     }
 }
 

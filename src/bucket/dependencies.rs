@@ -52,9 +52,18 @@ struct Entry {
     /// Set by the coordination: the pace and this replica's part of it
     /// come from the fleet, not from the local window.
     coordinated: bool,
-    /// Successes counted since the coordination last read them.
-    unpublished_successes: u64,
     counters: DependencyCounters,
+}
+
+impl Entry {
+    fn stats(&self) -> DependencyStats {
+        DependencyStats {
+            name: self.name.to_string(),
+            pace: self.pace,
+            local_rate: self.shares.rate(),
+            counters: self.counters,
+        }
+    }
 }
 
 /// Counters of one dependency, since it was first tracked.
@@ -91,8 +100,6 @@ pub struct DependencyStats {
 pub struct DependencyReport {
     /// Its name.
     pub name: String,
-    /// Successes counted here since the last report.
-    pub successes: u64,
     /// Successes a second here over its pace window.
     pub success_rate: f64,
     /// Tokens each tenant asked for, and whether any was held back.
@@ -198,7 +205,6 @@ impl Dependencies {
         let i = self.entry(dependency, now);
         let entry = &mut self.entries[i];
         entry.successes.add(now, successes);
-        entry.unpublished_successes = entry.unpublished_successes.saturating_add(successes);
         let c = &mut entry.counters;
         c.calls = c.calls.saturating_add(calls);
         c.successes = c.successes.saturating_add(successes);
@@ -210,31 +216,17 @@ impl Dependencies {
         for i in 0..self.entries.len() {
             self.repace(i, now);
         }
-        self.entries
-            .iter()
-            .map(|e| DependencyStats {
-                name: e.name.to_string(),
-                pace: e.pace,
-                local_rate: e.shares.rate(),
-                counters: e.counters,
-            })
-            .collect()
+        self.entries.iter().map(Entry::stats).collect()
     }
 
     /// The pace and counters of `dependency`, tracking it if it is new.
     pub fn stats_of(&mut self, dependency: &str, now: Duration) -> DependencyStats {
         let i = self.entry(dependency, now);
-        let e = &self.entries[i];
-        DependencyStats {
-            name: e.name.to_string(),
-            pace: e.pace,
-            local_rate: e.shares.rate(),
-            counters: e.counters,
-        }
+        self.entries[i].stats()
     }
 
-    /// What the coordination publishes: each dependency's successes since
-    /// the last call and its tenants' demand, reset.
+    /// What the coordination publishes: each dependency's success rate, and
+    /// its tenants' demand since the last call, reset.
     pub fn take_reports(&mut self, now: Duration) -> Vec<DependencyReport> {
         self.entries
             .iter_mut()
@@ -245,7 +237,6 @@ impl Dependencies {
                 });
                 DependencyReport {
                     name: e.name.to_string(),
-                    successes: std::mem::take(&mut e.unpublished_successes),
                     success_rate: e.successes.rate(now),
                     demand,
                 }
@@ -282,7 +273,7 @@ impl Dependencies {
         }
     }
 
-    /// The pace configuration of `dependency`.
+    /// The configuration in force.
     pub fn config(&self) -> &DependenciesConfig {
         &self.config
     }
@@ -343,7 +334,6 @@ impl Dependencies {
             pace,
             paced_at: None,
             coordinated: false,
-            unpublished_successes: 0,
             counters: DependencyCounters::default(),
         });
         self.index.insert(name, self.entries.len() - 1);
@@ -368,7 +358,7 @@ impl Dependencies {
     }
 
     /// The capacity of `dependency`'s bucket at `rate`.
-    pub fn capacity(&self, dependency: &str, rate: f64) -> Capacity {
+    fn capacity(&self, dependency: &str, rate: f64) -> Capacity {
         let burst = self.config.pace_of(dependency).burst(rate);
         Capacity {
             rate,

@@ -167,12 +167,6 @@ impl FairBucket {
             .set_grant(dependency, pace, capacity, now);
     }
 
-    /// The capacity of `dependency`'s bucket at `rate` (its burst from its
-    /// pace configuration, the global bucket's tenants and horizon).
-    pub fn dependency_capacity(&self, dependency: &str, rate: f64) -> Capacity {
-        self.lock().dependencies.capacity(dependency, rate)
-    }
-
     /// Every dependency paced by its local window again.
     pub fn uncoordinate_dependencies(&self) {
         self.lock().dependencies.uncoordinate();

@@ -243,14 +243,58 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] when it cannot be read or parsed.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+        Self::parse(path, &Self::read(path)?)
+    }
+
+    /// The defaults, under the file at `path` when one is named, under
+    /// `flags`: anything that serializes to a table of the file's keys (the
+    /// flags given, as `cli` declares them), written over the file key by
+    /// key. Then checked.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file cannot be read or parsed, or a setting
+    /// is out of range (naming it).
+    pub fn layered(path: Option<&Path>, flags: &impl Serialize) -> Result<Self, ConfigError> {
+        let mut table = match path {
+            Some(path) => {
+                let text = Self::read(path)?;
+                // Read whole first, so that a mistake in the file is told
+                // with its line and column.
+                Self::parse(path, &text)?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| Self::invalid(path, &e))?
+            }
+            None => toml::Table::new(),
+        };
+        let flags = toml::Table::try_from(flags).map_err(|e| ConfigError::Value {
+            key: "command line",
+            message: e.to_string(),
+        })?;
+        overlay(&mut table, flags);
+        let config: Self = table.try_into().map_err(|e| ConfigError::Value {
+            key: "command line",
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn read(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
             path: path.to_owned(),
             source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Invalid {
-            path: path.to_owned(),
-            message: e.to_string(),
         })
+    }
+
+    fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| Self::invalid(path, &e))
+    }
+
+    fn invalid(path: &Path, error: &impl std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            path: path.to_owned(),
+            message: error.to_string(),
+        }
     }
 
     /// The defaults with the store under `data_dir`: what tests and
@@ -397,6 +441,19 @@ impl Config {
     /// was read.
     pub fn to_toml(&self) -> Result<String, String> {
         toml::to_string(self).map_err(|e| e.to_string())
+    }
+}
+
+/// Writes `top` over `base` key by key, into tables at any depth: a key
+/// `top` sets replaces only that key of `base`.
+fn overlay(base: &mut toml::Table, top: toml::Table) {
+    for (key, value) in top {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(under)), toml::Value::Table(over)) => overlay(under, over),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
     }
 }
 

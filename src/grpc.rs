@@ -13,6 +13,7 @@
 pub mod codec;
 mod convert;
 pub mod limit;
+mod next_action;
 mod service;
 pub mod status;
 

@@ -8,17 +8,17 @@ use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, client_time};
+use super::next_action::{self, Asked, Context};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
-use crate::bucket::{FairBucket, Gate, TenantGate};
+use crate::bucket::{FairBucket, Gate};
 use crate::budget::activity::{
-    ActivityKey, BudgetError, Policy, Report, validate_activity_id, validate_dependency,
-    validate_workflow_id,
+    ActivityKey, BudgetError, validate_activity_id, validate_dependency,
 };
 use crate::budget::classify::RuleSet;
-use crate::budget::decision::{Failure, PureReport, decide_pure};
+use crate::budget::decision::decide_pure;
 use crate::budget::timestamp::TimeBounds;
-use crate::budget::{Budget, DelayParams, ErrorClass, retry_delay};
+use crate::budget::{DelayParams, retry_delay};
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, SuccessOutcome};
 use crate::metrics::Metrics;
@@ -93,13 +93,6 @@ impl<S> RetryBudgetService<S> {
         self.metrics = metrics;
         self
     }
-
-    /// Counts an answer, when metrics are on.
-    fn observe(&self, response: &pb::NextActionResponse) {
-        if let Some(metrics) = &self.metrics {
-            metrics.decision(&convert::decision_labels(response));
-        }
-    }
 }
 
 fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, BudgetError> {
@@ -110,131 +103,11 @@ fn key<T>(request: &Request<T>, activity_id: String) -> Result<ActivityKey, Budg
     })
 }
 
-impl<S: Store> RetryBudgetService<S> {
-    /// When the failure occurred, if the request says, checked against the
-    /// server's clock `now`.
-    fn occurred_at(
-        &self,
-        req: &pb::NextActionRequest,
-        now: i64,
-    ) -> Result<Option<i64>, BudgetError> {
-        client_time(
-            req.occurred_at.as_ref(),
-            "occurred_at",
-            now,
-            &self.time_bounds,
-        )
-    }
-
-    /// The class of a reported failure: the worker's own, else what
-    /// `rules` (the version in force when the request came, see
-    /// [`Self::rules`]) make of the raw failure, with the rule that matched.
-    fn classify<'a>(
-        rules: &'a RuleSet,
-        req: &pb::NextActionRequest,
-        tenant: &str,
-    ) -> Result<(ErrorClass, Option<&'a str>), Status> {
-        Ok(match (&req.error, req.error_class) {
-            (Some(detail), 0) => {
-                let c = rules.classify(&convert::failure(detail, tenant));
-                (c.class, Some(c.rule))
-            }
-            (_, class) => (convert::error_class(class)?, None),
-        })
-    }
-
+impl<S> RetryBudgetService<S> {
     /// The classification rules in force now. A reload replaces them; a
     /// request keeps the version it started with.
     fn rules(&self) -> Arc<RuleSet> {
         self.rules.load_full()
-    }
-
-    /// `NextAction` with a `budget`: decided by the core on the budget as
-    /// given, nothing stored.
-    fn next_action_pure(
-        &self,
-        tenant: &str,
-        gate: Option<TenantGate<'_>>,
-        budget: &pb::Budget,
-        req: &pb::NextActionRequest,
-    ) -> Result<pb::NextActionResponse, Status> {
-        let rules = self.rules();
-        let (class, rule) = Self::classify(&rules, req, tenant)?;
-        let now = now_ms();
-        let report = PureReport {
-            budget: Budget {
-                attempts: budget.attempts,
-                max_attempts: budget.max_attempts,
-                elapsed: budget.elapsed,
-                deadline: budget.deadline,
-            },
-            failure: Failure {
-                class,
-                rule,
-                hints: req.error.as_ref().and_then(convert::raw_hints),
-                occurred_at_ms: self.occurred_at(req, now)?,
-            },
-            activity_id: &req.activity_id,
-            params: req
-                .policy
-                .map_or_else(DelayParams::default, |p| Policy::from(p).delay_params()),
-            dependency: &req.dependency,
-        };
-        let gate = (!req.dry_run).then_some(gate);
-        let event = decide_pure(&report, gate, self.ledger.defaults().max_hint_ms, now)?;
-        let response = convert::decision(event, false, req.dry_run);
-        self.observe(&response);
-        Ok(response)
-    }
-
-    /// `NextAction` without a budget: decided on the activity's recorded
-    /// budget by the ledger, answered once the decision is durable.
-    async fn next_action_durable(
-        &self,
-        tenant: &str,
-        gate: Option<TenantGate<'_>>,
-        req: &pb::NextActionRequest,
-    ) -> Result<pb::NextActionResponse, Status> {
-        let key = ActivityKey {
-            tenant: tenant.to_owned(),
-            activity_id: req.activity_id.clone(),
-        };
-        let rules = self.rules();
-        let now = now_ms();
-        let report = self.durable_report(&rules, &key, req, now)?;
-        let decided = self
-            .ledger
-            .report(&key, &report, gate, now, req.dry_run)
-            .await?;
-        let response = convert::durable_decision(decided, req.dry_run);
-        self.observe(&response);
-        Ok(response)
-    }
-
-    /// The report of a durable `NextAction` on `key`, once the request is
-    /// checked (its activity id is in `key`) against the server's clock
-    /// `now`.
-    fn durable_report<'r>(
-        &self,
-        rules: &'r RuleSet,
-        key: &ActivityKey,
-        req: &'r pb::NextActionRequest,
-        now: i64,
-    ) -> Result<Report<'r>, Status> {
-        let (class, rule) = Self::classify(rules, req, &key.tenant)?;
-        let occurred_at_ms = self.occurred_at(req, now)?;
-        validate_activity_id(&key.activity_id)?;
-        validate_workflow_id(&req.workflow_id)?;
-        Ok(Report {
-            attempt: req.attempt,
-            class,
-            rule,
-            hints: req.error.as_ref().and_then(convert::raw_hints),
-            policy: req.policy.map(Into::into),
-            occurred_at_ms,
-            workflow_id: &req.workflow_id,
-            dependency: &req.dependency,
-        })
     }
 }
 
@@ -266,8 +139,8 @@ fn log_decision(
     );
 }
 
-/// What `NextAction` returns: a future boxed once, by us rather than by
-/// `async_trait` (see `next_action`).
+/// Each handler checks the draining flag, converts its request, and calls
+/// the core or the ledger.
 #[tonic::async_trait]
 impl<S: Store> RetryBudget for RetryBudgetService<S> {
     async fn retry_delay(
@@ -293,23 +166,48 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         }))
     }
 
-    /// The pure form decided by the core, the durable one by the ledger;
-    /// the tenant read once, the gate asked by the decision only.
+    /// One route: the request converted once into what it asks, decided
+    /// by the core (a budget given) or the ledger (the recorded budget),
+    /// the decision converted back. The tenant is read once; the gate is
+    /// asked by the decision only, when it needs a token.
     async fn next_action(
         &self,
         mut request: Request<pb::NextActionRequest>,
     ) -> Result<Response<pb::NextActionResponse>, Status> {
         self.draining.check()?;
         let gate = request.extensions_mut().remove::<Gate>();
-        // Read once, as the authentication layer resolved it.
         let tenant = convert::tenant(request.extensions(), request.metadata())?;
         let req = request.get_ref();
-        validate_dependency(&req.dependency)?;
-        let gate = gate.as_ref().map(|g| g.tenant(tenant, &req.dependency));
-        let response = match &req.budget {
-            Some(budget) => self.next_action_pure(tenant, gate, budget, req)?,
-            None => self.next_action_durable(tenant, gate, req).await?,
+        let rules = self.rules();
+        let now = now_ms();
+        let context = Context {
+            now,
+            rules: &rules,
+            time_bounds: &self.time_bounds,
         };
+        let asked = next_action::asked(req, tenant, &context)?;
+        let gate = gate.as_ref().map(|g| g.tenant(tenant, &req.dependency));
+        let response = match asked {
+            Asked::Pure(report) => {
+                // A dry run asks no gate; no token layer is a gate that
+                // grants every retry.
+                let gate = (!req.dry_run).then_some(gate);
+                let max_hint_ms = self.ledger.defaults().max_hint_ms;
+                let event = decide_pure(&report, gate, max_hint_ms, now)?;
+                convert::decision(event, false, req.dry_run)
+            }
+            Asked::Durable(key, report) => {
+                let decided = self
+                    .ledger
+                    .report(&key, &report, gate, now, req.dry_run)
+                    .await?;
+                convert::durable_decision(decided, req.dry_run)
+            }
+        };
+        if let Some(metrics) = &self.metrics {
+            let labels = convert::decision_labels(&response);
+            metrics.decision(&labels);
+        }
         // Only when decisions are logged: a worker's trace id finds its
         // decision in the log.
         if tracing::enabled!(target: DECISION_LOG, tracing::Level::DEBUG) {

@@ -114,8 +114,7 @@ impl<H> Health for H where
 /// TCP_NODELAY is set as tonic's own `serve` sets it (a listener handed in
 /// keeps the kernel's default). With Nagle's algorithm on, a small response
 /// written while another is still unacknowledged waits for the client's
-/// delayed ACK: stalls of about 40 ms, seen as the p99.9 of the durable
-/// benchmark (`benches/run.sh`).
+/// delayed ACK, a stall of about 40 ms.
 pub(super) fn incoming<H: Health>(
     listener: TcpListener,
     stop: CancellationToken,

@@ -27,13 +27,9 @@ pub(super) struct Gate {
 }
 
 /// The fewest queued saves that a runtime going idle commits at once. A
-/// group this large spreads an fsync's fixed cost (about 50 us of CPU on a
-/// machine where a decision is cheap and the fsync is not) to under 2 us a
-/// decision; a smaller one is worth waiting for: its clients' next requests
-/// are still on their way, and the window or a complete group ends the
-/// wait. Committing at every park instead halved the groups at 16 streams,
-/// cost 4% of throughput there and raised the p99 from 0.7 to 1.1-1.4 ms
-/// (durable `NextAction`, `benches/run.sh`).
+/// group this large spreads an fsync's fixed cost thin; a smaller one is
+/// worth waiting for, since its clients' next requests are still on their
+/// way and the window or a complete group ends the wait.
 const IDLE_COMMIT_MIN: usize = 32;
 
 /// Lets a store's journal writer end its commit window when a runtime

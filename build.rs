@@ -25,10 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("retrybudget_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    // Messages are decoded from one slice rather than through tonic's
-    // buffer (src/grpc/codec.rs).
+    // tonic-prost's codec, but a request that does not decode is refused
+    // with a stable code (src/grpc/codec.rs).
     tonic_prost_build::configure()
-        .codec_path("crate::grpc::codec::SliceCodec")
+        .codec_path("crate::grpc::codec::ApiCodec")
         .compile_fds(fds)?;
     // Messages alone: the stored schema has no service.
     tonic_prost_build::configure()

@@ -1,5 +1,5 @@
-//! Message bodies as they arrive on the wire: the server decodes each one
-//! from a single slice (`src/grpc/codec.rs`). Malformed bodies are refused
+//! Message bodies as they arrive on the wire, through the server's codec
+//! (`src/grpc/codec.rs`). Malformed bodies are refused
 //! with `INVALID_ARGUMENT` and the stable code `malformed_request`, and
 //! store nothing; unknown fields are skipped, as protobuf requires.
 
@@ -73,13 +73,13 @@ async fn unknown_fields_are_skipped() {
     );
 }
 
-/// The codec starts each call's buffers at `BUFFER_SIZE` in either
-/// direction; a larger message grows them. A request with a large unknown
-/// field is decoded, and an activity whose history is several buffers long
-/// comes back whole (the client's generated code uses the same codec).
+/// tonic starts each call's buffers at 8 KiB in either direction; a larger
+/// message grows them. A request with a large unknown field is decoded, and
+/// an activity whose history is longer than a buffer comes back whole (the
+/// client's generated code uses the same codec).
 #[tokio::test]
 async fn messages_larger_than_the_first_buffer_pass_both_ways() {
-    use retry_budget::grpc::codec::BUFFER_SIZE;
+    const BUFFER_SIZE: usize = 8 * 1024;
 
     let server = TestServer::start().await;
     let mut body = report("codec-3", 1, pb::ErrorClass::Transient).encode_to_vec();
@@ -93,10 +93,10 @@ async fn messages_larger_than_the_first_buffer_pass_both_ways() {
     assert_eq!(response.code, "schedule_retry");
 
     let mut client = server.client().await;
-    let attempts = 40;
-    // An hour ago: forty planned retries, each at most a minute after the
-    // last, stay within the server's bounds around its clock.
-    let mut occurred_at = common::ts(retry_budget::clock::now_ms() - 3_600_000);
+    let attempts = 80;
+    // Two hours ago: eighty planned retries, each at most a minute after
+    // the last, stay within the server's bounds around its clock.
+    let mut occurred_at = common::ts(retry_budget::clock::now_ms() - 7_200_000);
     for attempt in 1..=attempts {
         let response = client
             .next_action(pb::NextActionRequest {
@@ -117,7 +117,7 @@ async fn messages_larger_than_the_first_buffer_pass_both_ways() {
     }
     let activity = common::get(&mut client, "codec-4").await;
     assert!(
-        activity.encoded_len() > 4 * BUFFER_SIZE,
+        activity.encoded_len() > BUFFER_SIZE,
         "the response is {} bytes",
         activity.encoded_len()
     );

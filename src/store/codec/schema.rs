@@ -1,6 +1,6 @@
-//! The stored schema's types and the core's, converted: enums both ways (the
-//! writer in `encode` takes their numbers from here), messages from the
-//! stored form to the core's, refusing what this release cannot represent.
+//! The stored schema's types and the core's, converted both ways: what a
+//! save writes, and what a load reads, refusing what this release cannot
+//! represent.
 
 use std::sync::Arc;
 
@@ -62,6 +62,74 @@ impl From<Option<HintSource>> for pb::HintSource {
             Some(HintSource::RetryAfterDate) => Self::RetryAfterDate,
             Some(HintSource::GrpcRetryPushback) => Self::GrpcRetryPushback,
             Some(HintSource::RetryInfo) => Self::RetryInfo,
+        }
+    }
+}
+
+impl From<&ActivityRecord> for pb::ActivityRecord {
+    fn from(record: &ActivityRecord) -> Self {
+        Self {
+            tenant: record.tenant.clone(),
+            activity_id: record.activity_id.clone(),
+            workflow_id: record.workflow_id.clone(),
+            policy: Some(pb::Policy {
+                max_attempts: record.policy.max_attempts,
+                deadline_seconds: record.policy.deadline_seconds,
+                base: record.policy.base,
+                cap: record.policy.cap,
+            }),
+            started_at_ms: record.started_at_ms,
+            attempts: record.attempts,
+            status: pb::Status::from(record.status).into(),
+            closed_code: record.closed_code.clone(),
+            closed_at_ms: record.closed_at_ms,
+            reservation: record.reservation.map(|r| pb::Reservation {
+                attempt: r.attempt,
+                not_before_ms: r.not_before_ms,
+                booked: r.booked,
+            }),
+            events: record
+                .events
+                .iter()
+                .map(|e| pb::Event::from(&**e))
+                .collect(),
+        }
+    }
+}
+
+impl From<&Event> for pb::Event {
+    fn from(e: &Event) -> Self {
+        Self {
+            kind: pb::EventKind::from(e.kind).into(),
+            attempt: e.attempt,
+            class: pb::ErrorClass::from(e.class).into(),
+            occurred_at_ms: e.occurred_at_ms,
+            occurred_at_stamped: e.occurred_at_stamped,
+            elapsed_ms: e.elapsed_ms,
+            backoff_ms: e.backoff_ms,
+            delay_seconds: e.delay_seconds,
+            delay_ms: e.delay_ms,
+            not_before_ms: e.not_before_ms,
+            action: pb::Action::from(e.action).into(),
+            code: e.code.clone(),
+            reason: e.reason.clone(),
+            token_taken: e.token_taken,
+            slot_booked: e.slot_booked,
+            defer_reason: e.defer_reason.clone(),
+            rule: e.rule.clone(),
+            hint: e.hint.map(|h| pb::Hint {
+                delay_ms: h.delay_ms,
+                source: pb::HintSource::from(h.source).into(),
+                capped: h.capped,
+                do_not_retry: h.do_not_retry,
+                ignored: (!h.ignored.is_empty()).then_some(pb::IgnoredHints {
+                    retry_after: h.ignored.retry_after,
+                    date: h.ignored.date,
+                    retry_info: h.ignored.retry_info,
+                }),
+            }),
+            dependency: e.dependency.clone(),
+            recorded_at_ms: e.recorded_at_ms,
         }
     }
 }

@@ -27,11 +27,11 @@
 #     preloaded offline, server on CPU 0 and generator on CPU 1.
 # In (a) and (b) nothing is pinned: the server, PostgreSQL and the generator
 # share both cores, as they must. Every window carries the CPU the server
-# and every postgres process used (benches/pg_cpu.py) beside the
-# generator's own (client_cpu_cores); pg_summary.py gives them a decision. The databases are
+# and every postgres process used (`benches/summary.py cpu`) beside the
+# generator's own (client_cpu_cores); `summary.py pg` gives them a decision. The databases are
 # rb_bench_*_PID on 127.0.0.1:5432 (user postgres), dropped at the end.
 # One JSON line a window to the results file (default
-# target/bench-results/pg-DATE.jsonl); the summary: benches/pg_summary.py.
+# target/bench-results/pg-DATE.jsonl); the summary: `benches/summary.py pg`.
 #
 # Environment: PGHOST, PGPORT, PGUSER (127.0.0.1, 5432, postgres),
 # CARGO_TARGET_DIR, BENCH_DIR, BENCH_WARMUP / BENCH_DURATION.
@@ -156,7 +156,7 @@ window() { # label scenario [loadgen flags...]
   shift 2
   # The split's window ends half a second before the generator's, which
   # exits at its end and takes its CPU time with it.
-  python3 "$ROOT/benches/pg_cpu.py" --after "$WARMUP" --window "$(python3 -c "print($DURATION - 0.5)")" \
+  python3 "$ROOT/benches/summary.py" cpu --after "$WARMUP" --window "$(python3 -c "print($DURATION - 0.5)")" \
     --pid server="$SERVER_PID" --comm postgres=postgres \
     >"$WORK/split" &
   local sampler=$!
@@ -185,7 +185,7 @@ print("{:,.0f} decisions/s, p99 {} us, errors {}{}; cores: server {:.2f}, postgr
 pgbench_sweep() { # round
   local clients tps
   for clients in "${PGBENCH_CLIENTS[@]}"; do
-    python3 "$ROOT/benches/pg_cpu.py" --after 1 --window "$((WARMUP + DURATION - 2))" \
+    python3 "$ROOT/benches/summary.py" cpu --after 1 --window "$((WARMUP + DURATION - 2))" \
       --comm postgres=postgres --comm pgbench=pgbench >"$WORK/split" &
     local sampler=$!
     # A failed pgbench (say, the server's max_connections reached by other
@@ -293,4 +293,4 @@ if want embedded-stored; then
   done
 fi
 
-python3 "$ROOT/benches/pg_summary.py" "$OUT"
+python3 "$ROOT/benches/summary.py" pg "$OUT"

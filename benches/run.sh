@@ -21,7 +21,7 @@
 # Each run appends one JSON line to the results file (default
 # target/bench-results/results-DATE.jsonl); server lines carry peak RSS
 # (VmHWM) and the group-commit counters the server logs at exit. A summary
-# of the targeted ratios is printed at the end (benches/summarize.py).
+# of the targeted ratios is printed at the end (`benches/summary.py run`).
 #
 # --nice N runs server, generator and h2load at that niceness (-10 needs
 # root): on a machine where other work runs, it keeps the measured processes
@@ -69,7 +69,7 @@ fi
 # average out more of a shared machine's changes of speed.
 REPS=${BENCH_REPS:-3}
 # Open-loop windows in which the generator itself fell behind are not judged
-# (summarize.py): one more rep leaves pairs to judge when a window stalls.
+# (summary.py): one more rep leaves pairs to judge when a window stalls.
 OPEN_REPS=${BENCH_OPEN_REPS:-$((REPS + 1))}
 CONNECTIONS=4
 CONCURRENCY=128
@@ -334,4 +334,4 @@ log "fsync latency, again"
 fsync_probe fsync
 emit_json kind=end date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" loadavg="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 "$ROOT/benches/summarize.py" "$OUT" --append
+python3 "$ROOT/benches/summary.py" run "$OUT"

@@ -27,7 +27,7 @@
 #    not_before: about a quarter of the requests are successes and some of
 #    the reports are deferred.
 # Every 10 s the server's VmRSS and VmHWM (/proc/PID/status) and its
-# /metrics are saved into $OUT; benches/soak_summary.py prints per minute
+# /metrics are saved into $OUT; `benches/summary.py soak` prints per minute
 # the rate, p99, errors and RSS, the server's p99 each 10 s (from its
 # histogram, so to a bucket's precision), the mix, and the verdict (RSS at
 # the end within 10% of its value after the warm-up, the first 2 minutes;
@@ -139,4 +139,4 @@ cat >"$OUT/run.json" <<EOF
 {"saturation_rps": $SAT, "rate": $RATE, "retry_rate": $RETRY_RATE, "minutes": $MINUTES, "tenants": $TENANTS, "attempts": $ATTEMPTS, "concurrency": $CONC, "connections": $CONN, "cpu": "$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"}
 EOF
 echo "results in $OUT" >&2
-python3 "$(dirname "$0")/soak_summary.py" "$OUT"
+python3 "$(dirname "$0")/summary.py" soak "$OUT"

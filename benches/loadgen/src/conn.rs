@@ -56,8 +56,8 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub async fn connect(target: &str) -> Result<Self, String> {
-        let (stream, authority) = tcp(target).await?;
+    pub async fn connect(target: String) -> Result<Self, String> {
+        let (stream, authority) = tcp(&target).await?;
         let (send, connection) = http2::Builder::new(TokioExecutor::new())
             .handshake(TokioIo::new(stream))
             .await
@@ -101,8 +101,8 @@ pub struct RawConn {
 }
 
 impl RawConn {
-    pub async fn connect(target: &str) -> Result<Self, String> {
-        let (stream, authority) = tcp(target).await?;
+    pub async fn connect(target: String) -> Result<Self, String> {
+        let (stream, authority) = tcp(&target).await?;
         let (send, connection) = h2::client::Builder::new()
             .initial_max_send_streams(100)
             .initial_window_size(2 << 20)

@@ -204,7 +204,7 @@ async fn run(args: &Args) -> Result<Value, String> {
         }
         Scenario::NewActivities => {
             let prefix = format!("n{run_id}-");
-            let conns = connect(args).await?;
+            let conns = connect(args, Conn::connect).await?;
             let mut report = preload::first_failures(
                 &conns,
                 args.concurrency,
@@ -260,11 +260,7 @@ async fn run(args: &Args) -> Result<Value, String> {
         }
         (Mode::Open, _) => return Err(invalid("--mode open needs --rate > 0")),
     };
-    report["mode"] = json!(
-        args.mode
-            .to_possible_value()
-            .map(|v| v.get_name().to_owned())
-    );
+    report["mode"] = name(args.mode);
     report["warmup_s"] = json!(args.warmup.as_secs_f64());
     report["duration_s"] = json!(args.duration.as_secs_f64());
     if matches!(kind, Kind::Durable { .. } | Kind::Mixed { .. }) {
@@ -282,61 +278,47 @@ async fn run(args: &Args) -> Result<Value, String> {
 
 /// The run's settings, added to its report.
 fn with_settings(mut report: Value, args: &Args) -> Value {
-    report["scenario"] = json!(
-        args.scenario
-            .to_possible_value()
-            .map(|v| v.get_name().to_owned())
-    );
+    report["scenario"] = name(args.scenario);
     report["target"] = json!(args.target);
-    report["client"] = json!(
-        args.client
-            .to_possible_value()
-            .map(|v| v.get_name().to_owned())
-    );
+    report["client"] = name(args.client);
     report["connections"] = json!(args.connections);
     report["concurrency"] = json!(args.concurrency);
     report["tenant"] = json!(args.tenant);
     report
 }
 
+/// A flag's value as the command line spells it.
+fn name(value: impl ValueEnum) -> Value {
+    json!(value.to_possible_value().map(|v| v.get_name().to_owned()))
+}
+
 /// A transport for each virtual client, spread over `--connections` connections.
 async fn transports(args: &Args, kind: Kind) -> Result<Vec<Transport>, String> {
     let n = args.concurrency;
     if args.client == Client::Tonic {
-        let conns = connect(args).await?;
+        let conns = connect(args, Conn::connect).await?;
         return Ok((0..n)
             .map(|i| Transport::tonic(conns[i % conns.len()].clone()))
             .collect());
     }
     let prepared = Prepared::of(kind).map_err(|e| invalid(&e))?;
-    let mut conns = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
-        conns.push(
-            RawConn::connect(&args.target)
-                .await
-                .map_err(|e| cannot_connect(args, &e))?,
-        );
-    }
+    let conns = connect(args, RawConn::connect).await?;
     Ok((0..n)
         .map(|i| Transport::Raw(RawClient::new(&conns[i % conns.len()], &prepared)))
         .collect())
 }
 
 /// Opens `--connections` connections before the run, so connecting is not measured.
-async fn connect(args: &Args) -> Result<Vec<Conn>, String> {
+async fn connect<C, F>(args: &Args, open: fn(String) -> F) -> Result<Vec<C>, String>
+where
+    F: Future<Output = Result<C, String>>,
+{
     let mut conns = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
-        conns.push(
-            Conn::connect(&args.target)
-                .await
-                .map_err(|e| cannot_connect(args, &e))?,
-        );
+        let conn = open(args.target.clone()).await;
+        conns.push(conn.map_err(|e| format!("cannot connect to {}: {e}", args.target))?);
     }
     Ok(conns)
-}
-
-fn cannot_connect(args: &Args, reason: &str) -> String {
-    format!("cannot connect to {}: {reason}", args.target)
 }
 
 fn unix_millis() -> u128 {

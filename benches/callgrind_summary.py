@@ -3,26 +3,19 @@
 
 Usage: benches/callgrind_summary.py DIR
 
-DIR holds, per scenario, `SCENARIO.callgrind` (a dump of the server's
-counters over the load window) and `SCENARIO.json` (the loadgen's report of
-the same window). Prints, per scenario, instructions (Ir) per request, split
-by crate (exclusive cost), the top functions, the inclusive cost of the
-functions that matter for our code, and each scenario against `health`.
-Dumps made with `--cache-sim=yes` (profile.sh with CACHE_SIM_KIB set) also
-get their data misses in the simulated last-level cache a request: in all,
-in the functions that matter, the functions that miss most, and who hands
-the first of them cold memory (for memcpy: whose copies land in memory not
-in the cache).
+DIR holds, per scenario, `SCENARIO.callgrind` (the server's counters over the load window)
+and `SCENARIO.json` (the loadgen's report of the same window). Prints, per scenario,
+instructions (Ir) a request by crate (exclusive), the top functions, the inclusive cost of
+the functions that matter, and each scenario against `health`; with `--cache-sim=yes`
+(profile.sh with CACHE_SIM_KIB) also the last-level data misses a request: in all, in those
+functions, the functions that miss most, and the callers of the first (whose memory it was).
 Writes summary.json.
 
-Valgrind hides some CPU features (SHA-NI among them), so sha256 runs its
-portable code here and costs more instructions than it does natively. The
-table against health therefore has a second column, "SHA-NI": the same
-count with each call of the portable compression replaced by the
-instructions of sha2's SHA-NI compression of one block, counted in the
-server binary the dump names (`objdump`; every jitter input, "id:attempt",
-is one block for ids under 45 bytes). The server runs that code wherever
-the CPU has SHA-NI, as every machine kind here does.
+Valgrind hides SHA-NI, so sha256 runs its portable code here. The column "SHA-NI" against
+health replaces each call of the portable compression by the instructions of sha2's SHA-NI
+compression of one block, counted in the server binary the dump names (`objdump`; every
+jitter input, "id:attempt", is one block for ids under 45 bytes): the code the server runs
+on every machine kind here.
 """
 
 import functools
@@ -39,10 +32,7 @@ CHECKPOINT_THREAD = "checkpoint thread (all of it)"
 # Inclusive costs worth naming: (label, regex on the function name).
 FUNCTIONS = [
     ("handler RetryDelay (ours)", r"RetryBudgetService<S> as .*RetryBudget>::retry_delay::\{\{closure\}\}$"),
-    # Before 2a06a68 the handler was an async_trait method (its body a
-    # closure) and the ledger awaited the lock, the load and the save; since,
-    # NextAction is a plain function that decides in the call (try_report,
-    # load_now, try_lock) and returns the save's wait. Both names count.
+    # Before 2a06a68 an async_trait method (its body a closure); since, a plain function.
     ("handler NextAction (ours)", r"RetryBudgetService<S> as .*RetryBudget>::next_action(::\{\{closure\}\})?$"),
     ("  budget::delay::retry_delay (sha256)", r"^retry_budget::budget::delay::retry_delay$"),
     ("  budget::action::explain (format!)", r"^retry_budget::budget::action::explain$"),
@@ -60,8 +50,7 @@ FUNCTIONS = [
     ("journal writer thread (Writer::run)", r"^retry_budget::store::redb::writer::Writer::run$"),
     ("  journal Segment::append", r"^retry_budget::store::journal::Segment::append$"),
     ("checkpoint thread (checkpoint_into)", r"^retry_budget::store::redb::(tables::)?checkpoint_into$"),
-    # The thread's root: counted in full whether or not a checkpoint ran in
-    # the window, so that the request path can be told apart below.
+    # The thread's root, whether or not a checkpoint ran in the window.
     (CHECKPOINT_THREAD, r"^retry_budget::store::redb::(writer::checkpoint_loop|checkpoint::run)$"),
     ("  redb BtreeMut::insert", r"^redb::tree_store::btree::BtreeMut<K,V>::insert$"),
     ("  redb WriteTransaction::commit", r"^redb::transactions::WriteTransaction::commit$"),
@@ -72,120 +61,20 @@ FUNCTIONS = [
     ("tonic EncodeBody (response framing)", r"EncodeBody<.*poll_frame"),
 ]
 
-
-def parse(path):
-    """Reads a callgrind dump (positions: line; events: Ir, and with
-    `--cache-sim=yes` the cache events after it).
-
-    Returns a `Profile`: the event names, the totals, and by event vector
-    the exclusive cost of each (file, function), the inclusive cost of each
-    function and the cost of each call edge (caller, callee). The inclusive
-    cost of a function is the sum of the costs of the calls made to it from
-    other functions: exact for functions that are not recursive, and
-    unaffected by inlined code that callgrind_annotate lists under other
-    file names, or by the call stacks that were active when the dump was
-    taken.
-    """
-    names = {}
-
-    def name(ref):
-        m = re.match(r"\((\d+)\)(?: (.*))?$", ref)
-        if not m:
-            return ref
-        if m.group(2) is not None:
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), ref)
-
-    files = {}
-
-    def file(ref):
-        m = re.match(r"\((\d+)\)(?: (.*))?$", ref)
-        if not m:
-            return ref
-        if m.group(2) is not None:
-            files[m.group(1)] = m.group(2)
-        return files.get(m.group(1), ref)
-
-    p = Profile()
-    fn = None
-    fn_file = current_file = "???"
-    callee = None
-    call_pending = False
-
-    def costs(values):
-        # A cost line may leave out trailing events that are zero.
-        v = [int(x) for x in values]
-        return v + [0] * (len(p.events) - len(v))
-
-    def add(table, key, values):
-        into = table.get(key)
-        if into is None:
-            table[key] = costs(values)
-        else:
-            for i, x in enumerate(values):
-                into[i] += int(x)
-
-    with open(path) as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("events:"):
-                p.events = line.split()[1:]
-                continue
-            if line.startswith("cmd:"):
-                p.command = line.split()[1]
-                continue
-            if line.startswith("summary:"):
-                p.total = costs(line.split()[1:])
-                continue
-            m = re.match(r"desc: LL cache: (\d+) B", line)
-            if m:
-                p.ll_bytes = int(m.group(1))
-                continue
-            key, eq, value = line.partition("=")
-            if eq and key in ("fl", "fi", "fe", "fn", "cfn", "cfi", "cfl", "ob", "cob", "calls"):
-                if key == "fl":
-                    fn_file = current_file = file(value)
-                elif key in ("fi", "fe"):
-                    current_file = file(value)
-                elif key == "fn":
-                    fn = name(value)
-                    current_file = fn_file
-                elif key == "cfn":
-                    callee = name(value)
-                elif key in ("cfi", "cfl"):
-                    file(value)
-                elif key == "calls":
-                    call_pending = True
-                    if callee != fn:
-                        p.call_counts[callee] += int(value.split()[0])
-                continue
-            if not line[0] in "0123456789+-*":
-                continue
-            values = line.split()[1:]
-            if call_pending:
-                call_pending = False
-                if callee != fn:
-                    add(p.inclusive, callee, values)
-                    add(p.calls, (fn, callee), values)
-            else:
-                add(p.self_cost, (current_file, fn), values)
-    return p
+# Data misses in the simulated last-level cache: reads and writes.
+LL_MISSES = ("DLmr", "DLmw")
+# The portable compression as valgrind runs it, and sha2's SHA-NI one.
+SOFT_SHA256 = re.compile(r"^sha2::sha256::(compress256|soft::compress)$")
+SHANI_SHA256 = "x86_sha8compress"
 
 
 class Profile:
     """What `parse` reads from one dump; costs are lists, one per event."""
 
     def __init__(self):
-        self.events = ["Ir"]
-        self.total = [0]
-        self.ll_bytes = None
-        self.self_cost = {}
-        self.inclusive = {}
-        self.calls = {}
+        self.events, self.total, self.ll_bytes, self.command = ["Ir"], [0], None, None
+        self.self_cost, self.inclusive, self.calls = {}, {}, {}
         self.call_counts = defaultdict(int)
-        self.command = None
 
     def column(self, table, *events):
         """The sum of `events` for each key of `table` (absent events: 0)."""
@@ -194,6 +83,71 @@ class Profile:
 
     def has_cache_sim(self):
         return "DLmr" in self.events
+
+
+def parse(path):
+    """A callgrind dump (positions: line): the exclusive cost of each (file, function), the
+    inclusive cost of each function and of each call edge (caller, callee), each a list by
+    event. A function's inclusive cost is the sum of the calls made to it from other
+    functions: exact for functions that are not recursive, whatever the inlined code's file
+    names or the call stacks active when the dump was taken."""
+    p = Profile()
+    compressed = {"fn": {}, "fl": {}}
+
+    def name(kind, ref):
+        m = re.match(r"\((\d+)\)(?: (.*))?$", ref)
+        if not m:
+            return ref
+        if m.group(2) is not None:
+            compressed[kind][m.group(1)] = m.group(2)
+        return compressed[kind].get(m.group(1), ref)
+
+    def add(table, key, values):
+        # A cost line may leave out trailing events that are zero.
+        into = table.setdefault(key, [0] * len(p.events))
+        for i, x in enumerate(values):
+            into[i] += int(x)
+
+    fn, fn_file, current_file, callee, call_pending = None, "???", "???", None, False
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("events:"):
+                p.events = line.split()[1:]
+            elif line.startswith("cmd:"):
+                p.command = line.split()[1]
+            elif line.startswith("summary:"):
+                p.total = [int(x) for x in line.split()[1:]]
+                p.total += [0] * (len(p.events) - len(p.total))
+            elif m := re.match(r"desc: LL cache: (\d+) B", line):
+                p.ll_bytes = int(m.group(1))
+            elif (key := line.partition("=")[0]) in ("fl", "fi", "fe", "fn", "cfn", "cfi", "cfl", "ob", "cob", "calls"):
+                value = line.partition("=")[2]
+                if key == "fl":
+                    fn_file = current_file = name("fl", value)
+                elif key in ("fi", "fe"):
+                    current_file = name("fl", value)
+                elif key == "fn":
+                    fn, current_file = name("fn", value), fn_file
+                elif key == "cfn":
+                    callee = name("fn", value)
+                elif key in ("cfi", "cfl"):
+                    name("fl", value)
+                elif key == "calls":
+                    call_pending = True
+                    if callee != fn:
+                        p.call_counts[callee] += int(value.split()[0])
+            elif line[0] in "0123456789+-*":
+                values = line.split()[1:]
+                if not call_pending:
+                    add(p.self_cost, (current_file, fn), values)
+                elif callee != fn:
+                    add(p.inclusive, callee, values)
+                    add(p.calls, (fn, callee), values)
+                call_pending = False
+    return p
 
 
 def named_costs(inclusive, requests):
@@ -207,37 +161,25 @@ def named_costs(inclusive, requests):
     return named
 
 
-# Data misses in the simulated last-level cache: reads and writes.
-LL_MISSES = ("DLmr", "DLmw")
-
-
 def ll_report(p, requests):
-    """Last-level data misses a request: in all, in the functions that
-    matter (inclusive, as for instructions), the functions with the most
-    (exclusive), and who calls the first of them (each call's inclusive
-    misses: for memcpy, whose copies met memory that was not in the cache)."""
-    own = p.column(p.self_cost, *LL_MISSES)
-    incl = p.column(p.inclusive, *LL_MISSES)
+    """Last-level data misses a request: in all, in FUNCTIONS (inclusive), the functions with
+    the most (exclusive), and the callers of the first (for memcpy: whose copies met memory
+    that was not in the cache)."""
     calls = p.column(p.calls, *LL_MISSES)
-    total = sum(p.total[p.events.index(e)] for e in LL_MISSES)
-
-    named = named_costs(incl, requests)
     by_function = defaultdict(int)
-    for (_, function), v in own.items():
+    for (_, function), v in p.column(p.self_cost, *LL_MISSES).items():
         by_function[function] += v
     top = sorted(by_function.items(), key=lambda kv: -kv[1])[:10]
     callers = []
     if top:
-        first = top[0][0]
-        callers = sorted(((caller, v) for (caller, callee), v in calls.items() if callee == first),
+        callers = sorted(((caller, v) for (caller, callee), v in calls.items() if callee == top[0][0]),
                          key=lambda kv: -kv[1])[:8]
     return {
         "ll_kib": p.ll_bytes // 1024 if p.ll_bytes else None,
-        "per_request": total / requests,
-        "functions": named,
+        "per_request": sum(p.total[p.events.index(e)] for e in LL_MISSES) / requests,
+        "functions": named_costs(p.column(p.inclusive, *LL_MISSES), requests),
         "top_self": {f: v / requests for f, v in top},
-        "top_callers": {"function": top[0][0] if top else None,
-                        "callers": {c: v / requests for c, v in callers}},
+        "top_callers": {"function": top[0][0] if top else None, "callers": {c: v / requests for c, v in callers}},
     }
 
 
@@ -260,41 +202,63 @@ def crate_of(file, function):
     return "other"
 
 
-# The portable compression as valgrind runs it, and sha2's SHA-NI one.
-SOFT_SHA256 = re.compile(r"^sha2::sha256::(compress256|soft::compress)$")
-SHANI_SHA256 = "x86_sha8compress"
-
-
 @functools.cache
 def shani_block_ir(binary):
-    """The instructions sha2's SHA-NI compression runs for one block: every
-    instruction of the function once (its loop body once, no branch
-    skipped but the one for zero blocks), alignment padding left out.
-    None when the binary or objdump is missing."""
+    """The instructions of sha2's SHA-NI compression of one block: each instruction of the
+    function once, padding left out; None without the binary or binutils."""
     if not binary or not os.path.exists(binary) or not shutil.which("objdump") or not shutil.which("nm"):
         return None
     symbols = subprocess.run(["nm", binary], capture_output=True, text=True).stdout.split("\n")
-    names = [line.split()[-1] for line in symbols if SHANI_SHA256 in line]
     counts = set()
-    for name in names:
+    for name in [line.split()[-1] for line in symbols if SHANI_SHA256 in line]:
         listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--disassemble={name}", binary],
                                  capture_output=True, text=True).stdout
-        counts.add(sum(1 for line in listing.split("\n")
-                       if re.match(r"^\s+[0-9a-f]+:\t", line) and "int3" not in line))
+        counts.add(sum(1 for line in listing.split("\n") if re.match(r"^\s+[0-9a-f]+:\t", line) and "int3" not in line))
     return max(counts) if counts else None
 
 
 def with_shani(p, total):
-    """`total` with each portable compression call replaced by the SHA-NI
-    compression of one block; None without SHA-256 in the dump."""
+    """`total` with each portable compression call replaced by one SHA-NI block, or None."""
     soft = sum(v for (_, fn), v in p.column(p.self_cost, "Ir").items() if SOFT_SHA256.search(fn))
     calls = sum(n for fn, n in p.call_counts.items() if SOFT_SHA256.search(fn))
-    if not calls:
-        return None
-    block = shani_block_ir(p.command)
-    if block is None:
-        return None
-    return total - soft + calls * block
+    block = shani_block_ir(p.command) if calls else None
+    return None if block is None else total - soft + calls * block
+
+
+def print_scenario(s, summary, p, requests, total, top):
+    print(f"\n== {s}: {requests:,} requests, {total / requests:,.0f} instructions per request (user space)")
+    print("   by crate (exclusive):")
+    for k, v in summary["by_crate_per_request"].items():
+        if v / (total / requests) >= 0.01:
+            print(f"     {k:<34} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
+    print("   top functions (exclusive):")
+    for f, v in top[:8]:
+        print(f"     {f[:90]:<90} {v / requests:>9,.0f}  {100 * v / total:5.1f}%")
+    print("   functions (inclusive):")
+    named = summary["functions_per_request"]
+    for k, v in named.items():
+        print(f"     {k:<40} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
+    # A segment is checkpointed every 5 s or 8 MiB: a window holds none, one or two, so the
+    # total moves by thousands a decision from dump to dump; the request path does not.
+    if s.startswith("durable") and CHECKPOINT_THREAD in named:
+        path = total / requests - named[CHECKPOINT_THREAD]
+        summary["ir_per_request_without_checkpoints"] = path
+        print(f"   without the checkpoint thread (the request path): {path:,.0f} instructions a decision")
+    if p.has_cache_sim():
+        ll = summary["ll_misses"] = ll_report(p, requests)
+        print(f"   last-level data misses a request (simulated LL of {ll['ll_kib']} KiB, reads and writes): "
+              f"{ll['per_request']:,.1f}")
+        print("   of them, in the functions that matter (inclusive):")
+        for k, v in ll["functions"].items():
+            print(f"     {k:<40} {v:>9,.1f}")
+        print("   functions with the most misses (exclusive):")
+        for f, v in list(ll["top_self"].items())[:8]:
+            print(f"     {f[:90]:<90} {v:>9,.1f}")
+        first = ll["top_callers"]["function"]
+        if first:
+            print(f"   {first[:60]}: its misses by caller (the memory it was given to work on):")
+            for f, v in ll["top_callers"]["callers"].items():
+                print(f"     {f[:90]:<90} {v:>9,.1f}")
 
 
 def main():
@@ -302,27 +266,24 @@ def main():
         print(__doc__, file=sys.stderr)
         return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
     d = sys.argv[1]
-    scenarios = sorted(f[:-len(".callgrind")] for f in os.listdir(d) if f.endswith(".callgrind"))
     order = ["health", "retry-delay", "pure-next-action", "durable-next-action"]
+    scenarios = sorted(f[:-len(".callgrind")] for f in os.listdir(d) if f.endswith(".callgrind"))
     scenarios.sort(key=lambda s: order.index(s) if s in order else 99)
     summary = {}
     for s in scenarios:
-        report = json.load(open(os.path.join(d, s + ".json")))
+        with open(os.path.join(d, s + ".json")) as f:
+            report = json.load(f)
         requests = report["requests"]
         if not requests:
             print(f"\n== {s}: no successful request in the window ({report.get('error_codes')}); skipped")
             continue
         p = parse(os.path.join(d, s + ".callgrind"))
         total = p.total[p.events.index("Ir")]
-        self_cost = p.column(p.self_cost, "Ir")
-        by_function = p.column(p.inclusive, "Ir")
-        groups = defaultdict(int)
-        per_function = defaultdict(int)
-        for (file, function), ir in self_cost.items():
+        groups, per_function = defaultdict(int), defaultdict(int)
+        for (file, function), ir in p.column(p.self_cost, "Ir").items():
             groups[crate_of(file, function)] += ir
             per_function[function] += ir
         top = sorted(per_function.items(), key=lambda kv: -kv[1])[:12]
-        named = named_costs(by_function, requests)
         shani = with_shani(p, total)
         summary[s] = {
             "requests": requests,
@@ -330,55 +291,19 @@ def main():
             "ir_per_request": total / requests,
             "ir_per_request_shani": (shani if shani is not None else total) / requests,
             "by_crate_per_request": {k: v / requests for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
-            "functions_per_request": named,
+            "functions_per_request": named_costs(p.column(p.inclusive, "Ir"), requests),
             "top_self_per_request": {f: v / requests for f, v in top},
         }
-        print(f"\n== {s}: {requests:,} requests, {total / requests:,.0f} instructions per request (user space)")
-        print("   by crate (exclusive):")
-        for k, v in summary[s]["by_crate_per_request"].items():
-            if v / (total / requests) >= 0.01:
-                print(f"     {k:<34} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
-        print("   top functions (exclusive):")
-        for f, v in top[:8]:
-            print(f"     {f[:90]:<90} {v / requests:>9,.0f}  {100 * v / total:5.1f}%")
-        print("   functions (inclusive):")
-        for k, v in named.items():
-            print(f"     {k:<40} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
-        if s.startswith("durable"):
-            # A segment is checkpointed every 5 s or 8 MiB: a window holds
-            # one or two checkpoints, or none, so the total moves by
-            # thousands of instructions a decision from dump to dump. The
-            # request path (worker and journal writer) does not.
-            if CHECKPOINT_THREAD in named:
-                path = total / requests - named[CHECKPOINT_THREAD]
-                summary[s]["ir_per_request_without_checkpoints"] = path
-                print(f"   without the checkpoint thread (the request path): {path:,.0f} instructions a decision")
-        if p.has_cache_sim():
-            ll = ll_report(p, requests)
-            summary[s]["ll_misses"] = ll
-            print(f"   last-level data misses a request (simulated LL of {ll['ll_kib']} KiB, reads and writes): "
-                  f"{ll['per_request']:,.1f}")
-            print("   of them, in the functions that matter (inclusive):")
-            for k, v in ll["functions"].items():
-                print(f"     {k:<40} {v:>9,.1f}")
-            print("   functions with the most misses (exclusive):")
-            for f, v in list(ll["top_self"].items())[:8]:
-                print(f"     {f[:90]:<90} {v:>9,.1f}")
-            first = ll["top_callers"]["function"]
-            if first:
-                print(f"   {first[:60]}: its misses by caller (the memory it was given to work on):")
-                for f, v in ll["top_callers"]["callers"].items():
-                    print(f"     {f[:90]:<90} {v:>9,.1f}")
+        print_scenario(s, summary[s], p, requests, total, top)
     if "health" in summary:
-        base = summary["health"]["ir_per_request"]
-        shani_base = summary["health"]["ir_per_request_shani"]
+        base, shani_base = summary["health"]["ir_per_request"], summary["health"]["ir_per_request_shani"]
         print("\ninstructions per request against health (a CPU-bound server's throughput ratio is about the inverse);")
         print("SHA-NI: with SHA-256 as the server runs it on a CPU with SHA-NI (see the top of this script):")
         for s, v in summary.items():
             ratio, shani = v["ir_per_request"] / base, v["ir_per_request_shani"] / shani_base
             print(f"   {s:<22} {v['ir_per_request']:>9,.0f}  x{ratio:.3f}  (throughput bound ~{1 / ratio:.2f})"
                   f"   SHA-NI {v['ir_per_request_shani']:>9,.0f}  x{shani:.3f}")
-    if "pure-next-action" in summary and "ll_misses" in summary["pure-next-action"]:
+    if "ll_misses" in summary.get("pure-next-action", {}):
         base = summary["pure-next-action"]["ll_misses"]
         print("\nlast-level data misses a request against pure-next-action (the same request path, no store):")
         for s, v in summary.items():
@@ -388,7 +313,8 @@ def main():
                 most = max(extra.items(), key=lambda kv: kv[1]) if extra else ("", 0)
                 print(f"   {s:<22} {ll['per_request']:>9,.1f}  {ll['per_request'] - base['per_request']:>+9,.1f}"
                       + (f"  (largest rise among its top functions: {most[0][:50]} {most[1]:+,.1f})" if most[1] > 0 else ""))
-    json.dump(summary, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
     return 0
 
 

@@ -1,21 +1,10 @@
-//! Criterion micro-benchmarks of the core: what one decision costs before
-//! any network or disk is involved (`cargo bench --bench core`).
-//!
-//! - `retry_delay`: the sha256-jittered backoff.
-//! - `next_action`: the reference decision, and with its explanation (the
-//!   pure `NextAction` computes both).
-//! - `activity_plan`: the durable state machine on a record that already
-//!   holds a few events: a fresh decision, and a replay.
-//! - `record_json`, `record_codec`: encoding and decoding a whole record
-//!   (with its four events) as JSON (the first versions' format) and as the
-//!   store writes it now (protobuf, `store::codec`); a save encodes it,
-//!   a load that misses the in-memory overlay decodes it. One event alone
-//!   in JSON, for scale.
-//! - `redb_load`: loading a record from the embedded store (10k stored,
-//!   checkpointed into redb), and from its in-memory overlay.
-//! - `classify`, `hint`: failure classification and hint normalisation.
-//! - `bucket`: token-bucket admission, as the tower layer pays it on every
-//!   `NextAction`, and the fair-share algorithm alone.
+//! Criterion micro-benchmarks of the core (`cargo bench --bench core`): what one decision
+//! costs before any network or disk. `retry_delay` (the sha256-jittered backoff);
+//! `next_action` with and without its explanation; `activity_plan`, a fresh decision and a
+//! replay on a record of four events; the record encoded and decoded as JSON (the first
+//! versions' format) and as the store writes it (`record_codec`); `redb_load` of 10k stored,
+//! from redb and from the in-memory overlay; failure classification and hint normalisation;
+//! the token bucket as the tower layer pays it, and its fair-share algorithm alone.
 
 #![forbid(unsafe_code)]
 

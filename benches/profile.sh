@@ -19,29 +19,32 @@
 # CPU a request of run.sh includes.
 #
 # Environment: CONC (streams, default 32); LOADGEN_FLAGS (space-separated,
-# added to the generator's, e.g. "--dependency payments-api"); CACHE_SIM_KIB=N adds callgrind's
-# cache simulation, with a last-level cache of N KiB (8-way, 64-byte lines;
-# 32 KiB L1s): give it the machine's L2 (`lscpu`: 512 KiB a core on the
-# slower AMD kind, 1 MiB on the Zen 4 kind) and the summary adds the data
+# added to the generator's, e.g. "--dependency payments-api"); SERVER_FLAGS
+# and SERVER_BIN (common.sh); CACHE_SIM_KIB=N adds callgrind's cache
+# simulation, with a last-level cache of N KiB (8-way, 64-byte lines; 32 KiB
+# L1s): give it the machine's L2 (`lscpu`) and the summary adds the data
 # misses a request and where they fall. All threads share the one simulated
 # cache, as they share the server's one core.
 set -euo pipefail
 
-SECONDS_WINDOW=8
-WARMUP=4
-# shellcheck source=benches/common.sh
-. "$(dirname "$0")/common.sh"
-bench_options 26 "$@"
+SECONDS_WINDOW=8 WARMUP=4 OUT="" SCENARIOS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) SECONDS_WINDOW=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) SCENARIOS+=("$1") ;;
+  esac
+  shift
+done
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(health retry-delay pure-next-action durable-next-action)
 command -v valgrind >/dev/null || { echo "profile.sh: valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
 bench_setup profile
-PORT=${PROFILE_PORT:-21270}
-CONC=${CONC:-32}
-LOADGEN_EXTRA=()
-if [ -n "${LOADGEN_FLAGS:-}" ]; then
-  read -ra LOADGEN_EXTRA <<<"$LOADGEN_FLAGS"
-fi
+PORT=${PROFILE_PORT:-21270} CONC=${CONC:-32}
+read -ra LOADGEN_EXTRA <<<"${LOADGEN_FLAGS:-}"
 CACHE_SIM=()
 if [ -n "${CACHE_SIM_KIB:-}" ]; then
   CACHE_SIM=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 "--LL=$((CACHE_SIM_KIB * 1024)),8,64")
@@ -50,22 +53,21 @@ fi
 for s in "${SCENARIOS[@]}"; do
   PORT=$((PORT + 1))
   echo "profiling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
-  bench_serve "$OUT/$s.server.log" "$PORT" "$WORK/data-$s" \
-    valgrind --tool=callgrind "${CACHE_SIM[@]}" --callgrind-out-file="$WORK/$s.%p"
+  WRAP=(valgrind --tool=callgrind "${CACHE_SIM[@]}" "--callgrind-out-file=$WORK/$s.%p")
+  bench_serve "$OUT/$s.server.log" "$PORT" --data-dir "$WORK/data-$s" "${ROOMY[@]}"
   (
     sleep "$WARMUP"
     callgrind_control -z "$PID" >/dev/null
     sleep "$SECONDS_WINDOW"
     callgrind_control -d "$PID" >/dev/null
   ) &
-  CONTROL=$!
+  SAMPLER=$!
   "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario "$s" \
     --connections 4 --concurrency "$CONC" --warmup "${WARMUP}s" --duration "${SECONDS_WINDOW}s" \
     --server-pid "$PID" --label "profile/$s" ${LOADGEN_EXTRA[@]+"${LOADGEN_EXTRA[@]}"} >"$OUT/$s.json"
-  wait "$CONTROL"
-  kill -TERM "$PID"
-  wait "$PID" || true
-  PID=""
+  wait "$SAMPLER"
+  SAMPLER=""
+  bench_stop
   dump=$(ls "$WORK/$s".*.1 2>/dev/null | sed -n 1p)
   [ -n "$dump" ] || { echo "profile.sh: no callgrind dump for $s" >&2; exit 1; }
   mv "$dump" "$OUT/$s.callgrind"

@@ -1,31 +1,20 @@
 #!/usr/bin/env bash
-# The memory target: the server's peak RSS while ACTIVITIES (2,000,000)
-# activities it has never seen are written through gRPC at full speed, with
-# nothing preloaded around the server, and its RSS once idle after.
+# The memory target: the server's peak RSS while ACTIVITIES (2,000,000) activities it has
+# never seen are written through gRPC at full speed, nothing preloaded, and its RSS idle after.
 #
 #   benches/rss.sh [--activities N] [--idle SECONDS] [--out DIR]
 #
-# Builds the release binaries, starts the release server on CPU 0 on a fresh
-# data directory in a temporary directory (the retry bucket too large to
-# defer, as in run.sh), then the load generator on CPU 1: `--scenario
-# new-activities`, durable NextAction for N distinct new activities, one
-# first failure each, CONC (128) streams over CONN (4) connections, each
-# sent as soon as one returns, every answer checked to be a stored decision
-# (a scheduled retry, not a replay); a write refused with a pushback
-# (`store_backlogged`, while checkpoints catch up) is sent again after the
-# wait it asks for, as a worker would. The server's VmRSS and VmHWM
-# (/proc/PID/status) are sampled every second into $OUT/rss.tsv. Prints the
-# peak (VmHWM when the last write has been answered) and the idle RSS
-# (VmRSS after --idle seconds, default 30, with no load), in MiB, against
-# the target of 256 MiB, and appends one JSON line (the generator's report
-# and those figures) to $OUT/rss.jsonl. Exits 1 if a write failed or the
-# peak is over the target.
+# The release server on CPU 0 on a fresh data directory (retry and dependency budgets too
+# large to defer), the load generator on CPU 1: `--scenario new-activities`, one first
+# failure each, CONC (128) streams over CONN (4) connections, every answer checked to be a
+# stored decision; a refusal with a pushback (`store_backlogged`) is sent again after its
+# wait, as a worker would. VmRSS and VmHWM are sampled every second into DIR/rss.tsv.
+# Prints the peak (VmHWM once the last write is answered) and the RSS after --idle (30) s,
+# against 256 MiB, and appends the generator's report with them to DIR/rss.jsonl. Exits 1
+# if a write failed or the peak is over the target.
 set -euo pipefail
 
-ACTIVITIES=2000000
-IDLE=30
-OUT=""
-TARGET_MIB=256
+ACTIVITIES=2000000 IDLE=30 OUT="" TARGET_MIB=256
 while [ $# -gt 0 ]; do
   case "$1" in
     --activities) ACTIVITIES=$2; shift ;;
@@ -36,28 +25,15 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-CONC=${CONC:-128}
-CONN=${CONN:-4}
-PORT=${RSS_PORT:-21460}
+CONC=${CONC:-128} CONN=${CONN:-4} PORT=${RSS_PORT:-21460}
 
 # shellcheck source=benches/common.sh
 . "$(dirname "$0")/common.sh"
-SAMPLER=""
-rss_cleanup() {
-  if [ -n "$SAMPLER" ]; then kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; fi
-  bench_cleanup
-}
 bench_setup rss
-trap rss_cleanup EXIT
+status_mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$PID/status"; }
 
-# A field of the server's /proc/PID/status, in MiB (one decimal).
-status_mib() {
-  awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$PID/status"
-}
-
-bench_serve "$OUT/server.log" "$PORT" "$WORK/data"
+bench_serve "$OUT/server.log" "$PORT" --data-dir "$WORK/data" "${ROOMY[@]}"
 echo "server $PID on 127.0.0.1:$PORT, data in $WORK/data; at start: RSS $(status_mib VmRSS) MiB" >&2
-
 START=$SECONDS
 printf 'seconds\tvm_rss_mib\tvm_hwm_mib\n' >"$OUT/rss.tsv"
 (
@@ -69,34 +45,24 @@ printf 'seconds\tvm_rss_mib\tvm_hwm_mib\n' >"$OUT/rss.tsv"
 SAMPLER=$!
 
 echo "writing $ACTIVITIES new activities ($CONC streams over $CONN connections)" >&2
-"${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario new-activities \
-  --activities "$ACTIVITIES" --concurrency "$CONC" --connections "$CONN" \
-  --label "rss/new-activities" >"$OUT/loadgen.json"
-PEAK=$(status_mib VmHWM)
-LOADED=$(status_mib VmRSS)
-WRITE_SECONDS=$((SECONDS - START))
+"${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario new-activities --activities "$ACTIVITIES" \
+  --concurrency "$CONC" --connections "$CONN" --label "rss/new-activities" >"$OUT/loadgen.json"
+PEAK=$(status_mib VmHWM) LOADED=$(status_mib VmRSS) WRITE_SECONDS=$((SECONDS - START))
 echo "written in ${WRITE_SECONDS} s: peak RSS (VmHWM) $PEAK MiB, RSS $LOADED MiB; idle for $IDLE s" >&2
 sleep "$IDLE"
-IDLE_RSS=$(status_mib VmRSS)
-PEAK_END=$(status_mib VmHWM)
-DATA_MIB=$(du -sm "$WORK/data" | cut -f1)
-
-read -r WRITTEN FAILED RATE PUSHED_BACK < <(python3 -c '
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(r["written"], r["failed"], round(r["activities_per_s"]), r.get("pushed_back", 0))' "$OUT/loadgen.json")
+IDLE_RSS=$(status_mib VmRSS) PEAK_END=$(status_mib VmHWM) DATA_MIB=$(du -sm "$WORK/data" | cut -f1)
 VERDICT=$(awk -v p="$PEAK" -v t="$TARGET_MIB" 'BEGIN { print (p < t) ? "met" : "missed" }')
-
-python3 -c '
+python3 - "$OUT/loadgen.json" "$PEAK" "$LOADED" "$IDLE" "$IDLE_RSS" "$PEAK_END" "$DATA_MIB" "$TARGET_MIB" \
+  "$VERDICT" >>"$OUT/rss.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-r.update(peak_rss_mib=float(sys.argv[2]), rss_after_writes_mib=float(sys.argv[3]),
-         idle_seconds=int(sys.argv[4]), idle_rss_mib=float(sys.argv[5]),
-         peak_rss_end_mib=float(sys.argv[6]), data_dir_mib=int(sys.argv[7]),
+r.update(peak_rss_mib=float(sys.argv[2]), rss_after_writes_mib=float(sys.argv[3]), idle_seconds=int(sys.argv[4]),
+         idle_rss_mib=float(sys.argv[5]), peak_rss_end_mib=float(sys.argv[6]), data_dir_mib=int(sys.argv[7]),
          target_mib=int(sys.argv[8]), verdict=sys.argv[9])
-print(json.dumps(r))' "$OUT/loadgen.json" "$PEAK" "$LOADED" "$IDLE" "$IDLE_RSS" "$PEAK_END" \
-  "$DATA_MIB" "$TARGET_MIB" "$VERDICT" >>"$OUT/rss.jsonl"
-
+print(json.dumps(r))
+PY
+read -r WRITTEN FAILED RATE PUSHED_BACK < <(python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print(r["written"], r["failed"], round(r["activities_per_s"]), r.get("pushed_back", 0))' "$OUT/loadgen.json")
 cat <<EOF
 activities written:     $WRITTEN of $ACTIVITIES ($FAILED failed), $RATE a second, ${WRITE_SECONDS} s; $PUSHED_BACK refusals with a pushback, each sent again
 peak RSS during writes: $PEAK MiB (VmHWM; target < $TARGET_MIB MiB: $VERDICT)

@@ -1,89 +1,70 @@
-//! The mixed scenario: what a pool of workers sends over many tenants.
-//!
-//! Each virtual client works through activities of tenants drawn uniformly
-//! among `--tenants`: it reports attempts `1..=--attempts` of an activity as
-//! transient failures (durable `NextAction`, each at the previous answer's
-//! `not_before` in logical time, as the durable scenario does), then records
-//! its success (`RecordSuccess`). A deferred report is set aside and asked
-//! again, same attempt, once its `not_before` has passed by the wall clock,
-//! as a worker waits out a deferral; meanwhile the client goes on with
-//! other activities. Run the server with a retry rate below the retries
-//! sent and the mix holds durable reports, deferrals and successes
-//! (`benches/soak.sh`).
+//! The mixed scenario (soak.sh): what a pool of workers sends over many tenants. Each
+//! virtual client reports attempts 1 to `--attempts` of an activity of a tenant drawn
+//! uniformly, each at the previous answer's `not_before` as the durable scenario does, then
+//! its success. A deferred report is set aside and asked again, same attempt, once its
+//! `not_before` has passed by the wall clock; meanwhile the client goes on with others.
 
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost_types::Timestamp;
-use retry_budget::grpc::TENANT_HEADER;
 use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
-use tonic::Request;
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::conn::Conn;
-use crate::scenario::{durable_report, now};
+use crate::scenario::{code, durable_report, now, with_tenant};
 use crate::stored::Rng;
 
-/// Deferred activities a client holds at most; past that a deferral is
-/// counted as `deferred_queue_full` and its activity dropped, which a run
-/// whose deferrals last at most `max_reservation` never reaches.
+/// Deferred activities a client holds at most (a run whose deferrals last at most
+/// `max_reservation` never reaches it); past it the deferral is `deferred_queue_full`.
 const MAX_DEFERRED: usize = 4096;
-/// Asked again this long after `not_before`, so the client's clock being
-/// a little ahead of the server's never asks early.
+/// Asked again this long after `not_before`, so a client clock a little ahead never asks early.
 const MARGIN: Duration = Duration::from_millis(1);
 
-/// One activity a client is working through.
 #[derive(Debug)]
 struct Activity {
     id: String,
     tenant: MetadataValue<Ascii>,
-    /// The attempt to report next, 1-based.
+    /// The attempt to report next, and when it failed in the service's logical time.
     attempt: u32,
-    /// When that attempt failed, in the service's logical time.
     occurred_at: Timestamp,
-    /// Every attempt was reported: what is left is its success.
+    /// Every attempt reported: its success is what is left.
     succeeded: bool,
 }
 
-/// A virtual client's activities.
 pub struct Mixed {
     prefix: String,
     seq: u64,
     attempts: u32,
     tenants: u64,
     rng: Rng,
-    /// The activity being worked through, if any.
     current: Option<Activity>,
     /// Deferred activities and when to ask again (wall clock).
     deferred: VecDeque<(Activity, SystemTime)>,
 }
 
 impl Mixed {
-    /// A client whose activity ids start with `prefix`, `attempts` failures
-    /// an activity, tenants `t0000` to `t{tenants - 1}` drawn from `seed`.
     pub fn new(prefix: &str, attempts: u32, tenants: u64, seed: u64) -> Self {
+        let (attempts, tenants, rng) = (attempts.max(1), tenants.max(1), Rng::new(seed));
         Self {
             prefix: prefix.to_owned(),
             seq: 0,
-            attempts: attempts.max(1),
-            tenants: tenants.max(1),
-            rng: Rng::new(seed),
+            attempts,
+            tenants,
+            rng,
             current: None,
             deferred: VecDeque::new(),
         }
     }
 
-    /// The next activity to work on: the current one, else a deferred one
-    /// whose time has come, else a new one.
+    /// The current activity, else a deferred one whose time has come, else a new one.
     fn next(&mut self) -> Activity {
         if let Some(activity) = self.current.take() {
             return activity;
         }
         let wall = SystemTime::now();
         if let Some(i) = self.deferred.iter().position(|(_, at)| *at <= wall) {
-            if let Some((activity, _)) = self.deferred.remove(i) {
-                return activity;
-            }
+            return self.deferred.remove(i).expect("found").0;
         }
         self.seq += 1;
         let tenant = format!("t{:04}", self.rng.below(self.tenants));
@@ -97,43 +78,30 @@ impl Mixed {
         }
     }
 
-    /// Sends the next step of an activity and checks the answer.
-    ///
-    /// # Errors
-    /// The gRPC code of a failed call, or `unexpected_*` for an answer a
-    /// worker would not expect; the activity is dropped.
+    /// Sends the next step of an activity and checks the answer; a failure drops it.
     pub async fn call(&mut self, budget: &mut RetryBudgetClient<Conn>) -> Result<(), String> {
         let mut activity = self.next();
         if activity.succeeded {
-            let mut request = Request::new(pb::RecordSuccessRequest {
+            let success = pb::RecordSuccessRequest {
                 activity_id: activity.id,
                 occurred_at: Some(activity.occurred_at),
                 ..Default::default()
-            });
-            request
-                .metadata_mut()
-                .insert(TENANT_HEADER, activity.tenant);
+            };
             let answer = budget
-                .record_success(request)
+                .record_success(with_tenant(success, &activity.tenant))
                 .await
-                .map_err(|s| format!("{:?}", s.code()))?;
-            if !answer.get_ref().changed {
-                return Err("unexpected_unchanged".into());
-            }
-            return Ok(());
+                .map_err(code)?;
+            return answer
+                .get_ref()
+                .changed
+                .then_some(())
+                .ok_or_else(|| "unexpected_unchanged".into());
         }
-        let mut request = Request::new(durable_report(
-            activity.id.clone(),
-            activity.attempt,
-            activity.occurred_at,
-        ));
-        request
-            .metadata_mut()
-            .insert(TENANT_HEADER, activity.tenant.clone());
+        let report = durable_report(activity.id.clone(), activity.attempt, activity.occurred_at);
         let answer = budget
-            .next_action(request)
+            .next_action(with_tenant(report, &activity.tenant))
             .await
-            .map_err(|s| format!("{:?}", s.code()))?
+            .map_err(code)?
             .into_inner();
         if answer.replayed {
             return Err("unexpected_replay".into());
@@ -143,29 +111,23 @@ impl Mixed {
             if self.deferred.len() >= MAX_DEFERRED {
                 return Err("deferred_queue_full".into());
             }
-            self.deferred
-                .push_back((activity, wall_time(&not_before) + MARGIN));
+            let wall = UNIX_EPOCH
+                + Duration::new(
+                    not_before.seconds.max(0) as u64,
+                    not_before.nanos.max(0) as u32,
+                );
+            self.deferred.push_back((activity, wall + MARGIN));
             return Ok(());
         }
         if answer.action != pb::Action::ScheduleRetry as i32 {
             return Err(format!("unexpected_action_{}", answer.code));
         }
-        if activity.attempt >= self.attempts {
-            activity.succeeded = true;
-        } else {
-            activity.attempt += 1;
-        }
+        activity.succeeded = activity.attempt >= self.attempts;
+        activity.attempt += u32::from(!activity.succeeded);
         activity.occurred_at = not_before;
         self.current = Some(activity);
         Ok(())
     }
-}
-
-/// A protobuf timestamp as wall-clock time.
-fn wall_time(t: &Timestamp) -> SystemTime {
-    let seconds = u64::try_from(t.seconds).unwrap_or(0);
-    let nanos = u32::try_from(t.nanos).unwrap_or(0);
-    UNIX_EPOCH + Duration::new(seconds, nanos)
 }
 
 #[cfg(test)]
@@ -175,17 +137,9 @@ mod tests {
     #[test]
     fn new_activities_spread_over_the_tenants() {
         let mut mixed = Mixed::new("m-", 3, 1000, 7);
-        let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..20_000 {
-            let activity = mixed.next();
-            seen.insert(
-                activity
-                    .tenant
-                    .to_str()
-                    .map(str::to_owned)
-                    .unwrap_or_default(),
-            );
-        }
+        let seen: std::collections::BTreeSet<String> = (0..20_000)
+            .map(|_| mixed.next().tenant.to_str().unwrap().to_owned())
+            .collect();
         assert!(seen.len() > 990, "{} tenants of 1000", seen.len());
         assert!(seen.iter().all(|t| t.len() == 5 && t.starts_with('t')));
     }

@@ -1,277 +1,320 @@
-//! Activities stored before a run, to measure the durable path against a
-//! store that already holds 1k or 1M of them.
+//! Activities written as fast as can be, each one first failure (attempt 1, transient, under
+//! the durable scenario's generous policy, so none is purged during a run):
+//! - `new-activities`: over gRPC, each answer checked (rss.sh);
+//! - `preload --data-dir`: straight into the redb store of a *stopped* server through the
+//!   library's [`Ledger`], group commit batching (a million in seconds, not minutes);
+//! - `preload --postgres-url`: each record decided by the library's [`plan`] as the ledger
+//!   decides it, and written with [`PgStore::import`] (what `retry-budget migrate` copies
+//!   with), 5,000 a transaction, two at once: ten million through gRPC would take hours.
 //!
-//! Each preloaded activity is what a first failure report leaves behind:
-//! attempt 1, transient, under the generous policy of the durable scenario
-//! (so none is ever purged during a run), tenant `--tenant`, ids
-//! `pre-00000000`, `pre-00000001`...
-//!
-//! Two paths give the same records:
-//! - online (`--target`): `NextAction` over gRPC, as fast as the server
-//!   goes ([`crate::writes`]); works against any store.
-//! - offline (`--data-dir`): the library's own [`Ledger`] over a
-//!   [`RedbStore`] opened in the directory of a *stopped* server (redb
-//!   allows one process a file). Same code path minus gRPC, with group
-//!   commit doing the batching: much faster for a million.
-//! - PostgreSQL (`--postgres-url`): each record decided by the library's
-//!   [`plan`] as the ledger decides a first failure, and written with
-//!   [`PgStore::import`] (what `retry-budget migrate` copies with: one
-//!   multi-row upsert a transaction), `--import-batch` records an import,
-//!   `--import-connections` imports at once. Ten million through gRPC
-//!   would take hours on a 2-core machine.
+//! Preloaded ids are `pre-00000000` on, tenant `--tenant`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use crate::conn::Conn;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, plan,
 };
+use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use retry_budget::ledger::{Ledger, LedgerError, Unlimited};
 use retry_budget::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions, StoreError};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::metadata::MetadataValue;
 
-use crate::scenario::{GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS};
-use crate::{Args, LoadgenError};
+use crate::conn::Conn;
+use crate::drive::{histogram, record};
+use crate::scenario::{
+    GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, check_durable, code, durable_report, now,
+    with_tenant,
+};
 
-/// The server's default cap on hinted delays (1 h); preloaded reports carry
-/// no hint, so it only fills the field.
-const MAX_HINT_MS: u64 = 3_600_000;
-
-/// Reports in flight at once on the offline path: enough to fill the
-/// writer's batches (1024 by default).
+pub const PREFIX: &str = "pre-";
+/// Reports in flight on the offline path: enough to fill the writer's batches (1024).
 const OFFLINE_CONCURRENCY: usize = 4096;
+/// PostgreSQL imports in flight, each a transaction on its own connection, and their size.
+const IMPORTS: usize = 2;
+const IMPORT_BATCH: u64 = 5000;
+/// Pushbacks one gRPC write may meet before it counts as failed.
+const MAX_PUSHBACKS: u32 = 1000;
 
-/// The prefix of preloaded activity ids.
-const PREFIX: &str = "pre-";
-
-/// The id of the `i`th preloaded activity.
-pub fn activity_id(i: u64) -> String {
-    crate::writes::activity_id(PREFIX, i)
+/// The `i`th id under `prefix`, zero-padded so that the ids of a run have one length.
+pub fn activity_id(prefix: &str, i: u64) -> String {
+    format!("{prefix}{i:08}")
 }
 
-fn generous_policy() -> Policy {
-    Policy {
+fn key(tenant: &str, i: u64) -> ActivityKey {
+    ActivityKey {
+        tenant: tenant.to_owned(),
+        activity_id: activity_id(PREFIX, i),
+    }
+}
+
+fn first_failure(now_ms: i64) -> Report<'static> {
+    let policy = Policy {
         max_attempts: GENEROUS_MAX_ATTEMPTS,
         deadline_seconds: GENEROUS_DEADLINE_SECONDS,
         base: None,
         cap: None,
-    }
-}
-
-fn summary(activities: u64, started: Instant) -> Value {
-    let seconds = started.elapsed().as_secs_f64();
-    json!({
-        "scenario": "preload",
-        "path": "offline",
-        "activities": activities,
-        "failed": 0,
-        "seconds": seconds,
-        "activities_per_s": activities as f64 / seconds,
-    })
-}
-
-/// The record a first failure of activity `i` leaves, decided by the
-/// library as the ledger decides it (no token bucket: `Unlimited`).
-fn first_failure(
-    i: u64,
-    tenant: &str,
-    defaults: &Defaults,
-    now_ms: i64,
-) -> Result<ActivityRecord, String> {
-    let key = ActivityKey {
-        tenant: tenant.to_owned(),
-        activity_id: activity_id(i),
     };
-    let report = Report {
+    Report {
         attempt: 1,
         class: ErrorClass::Transient,
         rule: None,
         hints: None,
-        policy: Some(generous_policy()),
+        policy: Some(policy),
         occurred_at_ms: Some(now_ms),
         workflow_id: "",
         dependency: "",
-    };
-    match plan(None, &key, &report, defaults, now_ms) {
+    }
+}
+
+/// The generous policy, and the server's default cap on hinted delays (1 h; no report
+/// here carries a hint).
+fn defaults() -> Defaults {
+    Defaults {
+        policy: first_failure(0).policy.expect("set"),
+        max_hint_ms: 3_600_000,
+    }
+}
+
+fn summary(path: &str, activities: u64, started: Instant) -> Value {
+    let seconds = started.elapsed().as_secs_f64();
+    json!({"scenario": "preload", "path": path, "activities": activities, "failed": 0, "seconds": seconds,
+           "activities_per_s": activities as f64 / seconds})
+}
+
+/// Runs `tasks` workers, each taking the next `step` indexes from a shared counter and
+/// calling `task(worker, from, to)`, until `total` are done or one fails.
+async fn spread<F, Fut>(tasks: usize, total: u64, step: u64, task: F) -> Result<(), String>
+where
+    F: Fn(usize, u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let next = Arc::new(AtomicU64::new(0));
+    let mut set: JoinSet<Result<(), String>> = JoinSet::new();
+    for worker in 0..tasks {
+        let (next, task) = (Arc::clone(&next), task.clone());
+        set.spawn(async move {
+            loop {
+                let from = next.fetch_add(step, Ordering::Relaxed);
+                if from >= total {
+                    return Ok(());
+                }
+                task(worker, from, (from + step).min(total)).await?;
+            }
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        joined.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+/// Stores `activities` first failures into the redb store in `data_dir` through the ledger.
+pub async fn offline(data_dir: &Path, activities: u64, tenant: &str) -> Result<Value, String> {
+    let started = Instant::now();
+    let store =
+        RedbStore::open(&RedbStoreOptions::new(data_dir)).map_err(|e| format!("preload: {e}"))?;
+    let ledger = Arc::new(Ledger::new(store, defaults()));
+    let (in_task, tenant) = (Arc::clone(&ledger), tenant.to_owned());
+    spread(OFFLINE_CONCURRENCY, activities, 1, move |_, i, _| {
+        let (ledger, key) = (Arc::clone(&in_task), key(&tenant, i));
+        async move {
+            let now_ms = retry_budget::clock::now_ms();
+            // A store whose checkpoints fall behind refuses saves a moment: wait as asked.
+            loop {
+                match ledger
+                    .report(&key, &first_failure(now_ms), Unlimited, now_ms, false)
+                    .await
+                {
+                    Ok(_) => return Ok(()),
+                    Err(LedgerError::Store(StoreError::Backlogged { retry_after })) => {
+                        tokio::time::sleep(retry_after).await;
+                    }
+                    Err(e) => return Err(format!("preload: {}: {e}", key.activity_id)),
+                }
+            }
+        }
+    })
+    .await?;
+    // The last handle of the store joins its writer thread: off the runtime.
+    tokio::task::spawn_blocking(move || drop(ledger))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(summary("offline", activities, started))
+}
+
+/// The record a first failure of activity `i` leaves, decided as the ledger decides it.
+fn first_failure_record(
+    tenant: &str,
+    i: u64,
+    defaults: &Defaults,
+    now_ms: i64,
+) -> Result<ActivityRecord, String> {
+    let key = key(tenant, i);
+    match plan(None, &key, &first_failure(now_ms), defaults, now_ms) {
         Ok(Plan::Fresh(mut draft)) => {
             draft.take_token(Unlimited, now_ms);
             Ok(draft.finish().0)
         }
-        Ok(Plan::Replay(_)) => Err(format!("{}: replayed with nothing stored", key.activity_id)),
-        Err(e) => Err(format!("{}: {e}", key.activity_id)),
+        Ok(Plan::Replay(_)) => Err(format!(
+            "preload: {}: replayed with nothing stored",
+            key.activity_id
+        )),
+        Err(e) => Err(format!("preload: {}: {e}", key.activity_id)),
     }
 }
 
-/// Imports `--activities` first failures into the PostgreSQL database at
-/// `url` (its schema migrated first), in batches of `--import-batch` on
-/// `--import-connections` connections. An activity already there at a
-/// later version is left as it is ([`PgStore::import`]).
-///
-/// # Errors
-/// When the database cannot be reached or an import fails.
-pub async fn postgres(url: &str, args: &Args) -> Result<Value, LoadgenError> {
+/// Imports `activities` first failures into the PostgreSQL database at `url` (its schema
+/// migrated first); an activity already there at a later version is left as it is.
+pub async fn postgres(url: &str, activities: u64, tenant: &str) -> Result<Value, String> {
     let started = Instant::now();
-    let connections = args.import_connections.max(1);
-    let batch = args.import_batch.max(1) as u64;
-    let store = PgStore::open(&PostgresOptions {
+    let options = PostgresOptions {
         url: url.to_owned(),
-        pool_size: connections + 1,
-        timeout: std::time::Duration::from_secs(600),
+        pool_size: IMPORTS + 1,
+        timeout: Duration::from_secs(600),
         max_batch: 1,
         ca_file: None,
-    })
-    .map_err(|e| LoadgenError::Preload(e.to_string()))?;
-    store
-        .ready()
-        .await
-        .map_err(|e| LoadgenError::Preload(e.to_string()))?;
-    let defaults = Arc::new(Defaults {
-        policy: generous_policy(),
-        max_hint_ms: MAX_HINT_MS,
-    });
-    let activities = args.activities;
-    let next = Arc::new(AtomicU64::new(0));
-    let bytes = Arc::new(AtomicU64::new(0));
-    let mut tasks = JoinSet::new();
-    for task in 0..connections {
-        let (store, defaults, next, bytes) = (
-            store.clone(),
-            Arc::clone(&defaults),
-            Arc::clone(&next),
-            Arc::clone(&bytes),
-        );
-        let tenant = args.tenant.clone();
-        // Each task its own progress row: imports of one source would wait
-        // on each other's lock of it.
-        let source = format!("loadgen-preload-{task}");
-        tasks.spawn(async move {
-            let mut copied = 0;
-            let mut encoded = Vec::new();
-            loop {
-                let from = next.fetch_add(batch, Ordering::Relaxed);
-                if from >= activities {
-                    return Ok::<(), String>(());
-                }
-                let to = (from + batch).min(activities);
+    };
+    let store = PgStore::open(&options).map_err(|e| format!("preload: {e}"))?;
+    store.ready().await.map_err(|e| format!("preload: {e}"))?;
+    let (bytes, tenant, defaults) = (
+        Arc::new(AtomicU64::new(0)),
+        tenant.to_owned(),
+        Arc::new(defaults()),
+    );
+    // Each worker its own progress row (imports of one source wait on its lock), and count.
+    let copied: Arc<[AtomicU64; IMPORTS]> = Arc::default();
+    let record_bytes = Arc::clone(&bytes);
+    spread(
+        IMPORTS,
+        activities,
+        IMPORT_BATCH,
+        move |worker, from, to| {
+            let (store, tenant, defaults) = (store.clone(), tenant.clone(), Arc::clone(&defaults));
+            let (bytes, copied) = (Arc::clone(&bytes), Arc::clone(&copied));
+            async move {
                 let now_ms = retry_budget::clock::now_ms();
                 let records = (from..to)
-                    .map(|i| first_failure(i, &tenant, &defaults, now_ms))
+                    .map(|i| first_failure_record(&tenant, i, &defaults, now_ms))
                     .collect::<Result<Vec<_>, _>>()?;
                 if from == 0 {
-                    // The size of a stored record, for what to compare with.
+                    let mut encoded = Vec::new();
                     retry_budget::store::codec::encode_into(&records[0], &mut encoded);
                     bytes.store(encoded.len() as u64, Ordering::Relaxed);
                 }
-                copied += to - from;
+                let copied = copied[worker].fetch_add(to - from, Ordering::Relaxed) + to - from;
+                let source = format!("loadgen-preload-{worker}");
                 store
                     .import(&source, &records, copied)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| format!("preload: {e}"))
             }
-        });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        joined
-            .map_err(|e| LoadgenError::Preload(e.to_string()))?
-            .map_err(LoadgenError::Preload)?;
-    }
-    let mut report = summary(activities, started);
-    report["path"] = json!("postgres");
-    report["import_connections"] = json!(connections);
-    report["import_batch"] = json!(batch);
-    report["record_bytes"] = json!(bytes.load(Ordering::Relaxed));
+        },
+    )
+    .await?;
+    let mut report = summary("postgres", activities, started);
+    report["import_connections"] = json!(IMPORTS);
+    report["import_batch"] = json!(IMPORT_BATCH);
+    report["record_bytes"] = json!(record_bytes.load(Ordering::Relaxed));
     Ok(report)
 }
 
-/// Stores `activities` first failures straight into the redb store in
-/// `data_dir`, through the library's ledger.
-///
-/// # Errors
-/// When the store cannot be opened (for example a server holds it) or a
-/// save fails.
-pub async fn offline(
-    data_dir: &Path,
-    activities: u64,
+/// What the gRPC writes counted.
+struct Counts {
+    latency_us: hdrhistogram::Histogram<u64>,
+    /// Written: the answer a scheduled retry, not a replay.
+    written: u64,
+    errors: BTreeMap<String, u64>,
+    pushed_back: u64,
+}
+
+/// The wait a refusal asks for (`grpc-retry-pushback-ms`), if any.
+fn pushback(status: &tonic::Status) -> Option<Duration> {
+    let ms = status.metadata().get("grpc-retry-pushback-ms")?;
+    ms.to_str().ok()?.parse().ok().map(Duration::from_millis)
+}
+
+/// Reports a first failure for each of `activities` activities `{prefix}00000000` on,
+/// `concurrency` at a time over `conns`. A refusal with a pushback (`store_backlogged` while
+/// checkpoints catch up) is sent again after its wait, as a worker would: it stored nothing.
+pub async fn first_failures(
+    conns: &[Conn],
+    concurrency: usize,
     tenant: &str,
-) -> Result<Value, LoadgenError> {
+    prefix: &str,
+    activities: u64,
+) -> Value {
     let started = Instant::now();
-    let store = RedbStore::open(&RedbStoreOptions::new(data_dir))
-        .map_err(|e| LoadgenError::Preload(e.to_string()))?;
-    let defaults = Defaults {
-        policy: generous_policy(),
-        max_hint_ms: MAX_HINT_MS,
-    };
-    let ledger = Arc::new(Ledger::new(store, defaults));
     let next = Arc::new(AtomicU64::new(0));
+    let counts = Counts {
+        latency_us: histogram(),
+        written: 0,
+        errors: BTreeMap::new(),
+        pushed_back: 0,
+    };
+    let counts = Arc::new(Mutex::new(counts));
+    let tenant =
+        MetadataValue::try_from(tenant).unwrap_or_else(|_| MetadataValue::from_static("bench"));
     let mut tasks = JoinSet::new();
-    for _ in 0..OFFLINE_CONCURRENCY {
-        let ledger = Arc::clone(&ledger);
-        let next = Arc::clone(&next);
-        let tenant = tenant.to_owned();
+    for task in 0..concurrency {
+        let mut client = RetryBudgetClient::new(conns[task % conns.len()].clone());
+        let (next, counts, tenant, prefix) = (
+            Arc::clone(&next),
+            Arc::clone(&counts),
+            tenant.clone(),
+            prefix.to_owned(),
+        );
         tasks.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= activities {
-                    return Ok::<(), String>(());
+                    return;
                 }
-                let key = ActivityKey {
-                    tenant: tenant.clone(),
-                    activity_id: activity_id(i),
-                };
-                let now_ms = retry_budget::clock::now_ms();
-                let report = Report {
-                    attempt: 1,
-                    class: ErrorClass::Transient,
-                    rule: None,
-                    hints: None,
-                    policy: Some(generous_policy()),
-                    occurred_at_ms: Some(now_ms),
-                    workflow_id: "",
-                    dependency: "",
-                };
-                // A store whose checkpoints fall behind refuses saves for a
-                // moment (on a machine busy with other work): wait as asked.
-                loop {
-                    match ledger.report(&key, &report, Unlimited, now_ms, false).await {
-                        Ok(_) => break,
-                        Err(LedgerError::Store(StoreError::Backlogged { retry_after })) => {
-                            tokio::time::sleep(retry_after).await;
-                        }
-                        Err(e) => return Err(format!("{}: {e}", key.activity_id)),
+                let mut pushbacks = 0;
+                let (outcome, sent) = loop {
+                    let request =
+                        with_tenant(durable_report(activity_id(&prefix, i), 1, now()), &tenant);
+                    let sent = Instant::now();
+                    match client.next_action(request).await {
+                        Ok(response) => break (check_durable(response.get_ref()), sent),
+                        Err(status) => match pushback(&status) {
+                            Some(wait) if pushbacks < MAX_PUSHBACKS => {
+                                pushbacks += 1;
+                                tokio::time::sleep(wait).await;
+                            }
+                            _ => break (Err(code(status)), sent),
+                        },
                     }
+                };
+                let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+                counts.pushed_back += u64::from(pushbacks);
+                match outcome {
+                    // From the send that was answered: a pushback's wait is not latency.
+                    Ok(()) => {
+                        counts.written += 1;
+                        record(&mut counts.latency_us, sent.elapsed());
+                    }
+                    Err(key) => *counts.errors.entry(key).or_default() += 1,
                 }
             }
         });
     }
-    while let Some(joined) = tasks.join_next().await {
-        joined
-            .map_err(|e| LoadgenError::Preload(e.to_string()))?
-            .map_err(LoadgenError::Preload)?;
-    }
-    // The last handle of the store joins its writer thread: off the runtime.
-    tokio::task::spawn_blocking(move || drop(ledger))
-        .await
-        .map_err(|e| LoadgenError::Preload(e.to_string()))?;
-    Ok(summary(activities, started))
-}
-
-/// Reports `--activities` first failures over gRPC, `--concurrency` at a
-/// time, each answer checked.
-pub async fn online(conns: &[Conn], args: &Args) -> Value {
-    let mut report = crate::writes::first_failures(
-        conns,
-        args.concurrency,
-        &args.tenant,
-        PREFIX,
-        args.activities,
-    )
-    .await;
-    report["scenario"] = json!("preload");
-    report["path"] = json!("grpc");
-    report
+    while tasks.join_next().await.is_some() {}
+    let seconds = started.elapsed().as_secs_f64();
+    let counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+    let h = &counts.latency_us;
+    json!({
+        "activities": activities, "written": counts.written, "failed": counts.errors.values().sum::<u64>(),
+        "error_codes": counts.errors, "pushed_back": counts.pushed_back, "seconds": seconds,
+        "activities_per_s": counts.written as f64 / seconds,
+        "latency_us": {"p50": h.value_at_quantile(0.5), "p99": h.value_at_quantile(0.99),
+                       "p999": h.value_at_quantile(0.999), "max": h.max()},
+    })
 }

@@ -1,33 +1,30 @@
 //! What one request of each scenario is, and what counts as its success.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::conn::Conn;
-use crate::mixed::Mixed;
-use crate::raw::RawClient;
-use crate::stored::{Rng, Stored};
 use prost_types::Timestamp;
 use retry_budget::grpc::TENANT_HEADER;
 use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
 use tonic::Request;
-use tonic::metadata::MetadataValue;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-/// Attempts the durable policy allows: far more than any run walks, so
+use crate::conn::{Conn, RawClient};
+use crate::mixed::Mixed;
+use crate::stored::{Rng, Stored};
+
+/// The durable policy: far more attempts than any run walks and a deadline of ten years, so
 /// every answer is a scheduled retry.
 pub const GENEROUS_MAX_ATTEMPTS: u32 = 1000;
-/// Deadline of the durable policy: ten years, never reached.
 pub const GENEROUS_DEADLINE_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
-/// The dependency durable reports name (`--dependency`); empty, the
-/// default one. Set once, before the first request.
-pub static DEPENDENCY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// The dependency durable reports name (`--dependency`), set once before the first request.
+pub static DEPENDENCY: OnceLock<String> = OnceLock::new();
 
-/// A transient failure of `attempt` under the durable policy: what the
-/// durable scenario and the preload report.
+/// A transient failure of `attempt` under the durable policy.
 pub fn durable_report(
     activity_id: String,
     attempt: u32,
@@ -52,50 +49,28 @@ pub fn durable_report(
 /// The request a scenario sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// `grpc.health.v1.Health/Check` for service `""`.
     Health,
-    /// `RetryDelay("flight-1", 4)`, the body h2load sends too.
     RetryDelay,
-    /// `NextAction` with a budget: evaluated as given, nothing stored.
     PureNextAction,
-    /// `NextAction` in its durable form, attempts `1..=attempts` of one
-    /// activity after another.
-    Durable {
-        /// Attempts each activity is walked through.
-        attempts: u32,
-    },
-    /// `NextAction` in its durable form: the next attempt of a uniformly
-    /// random activity among those already stored ([`crate::stored`]).
+    Durable { attempts: u32 },
     Stored,
-    /// Durable reports, deferrals waited out and successes over many
-    /// tenants ([`crate::mixed`]).
-    Mixed {
-        /// Failures reported an activity before its success.
-        attempts: u32,
-        /// Tenants drawn among.
-        tenants: u64,
-    },
+    Mixed { attempts: u32, tenants: u64 },
 }
 
-/// The health scenario's request: the server's overall status.
 pub fn health_request() -> HealthCheckRequest {
     HealthCheckRequest {
         service: String::new(),
     }
 }
 
-/// A health answer is right when the server is serving.
-///
-/// # Errors
-/// `unexpected_not_serving` otherwise.
 pub fn check_health(response: &HealthCheckResponse) -> Result<(), String> {
-    if response.status != ServingStatus::Serving as i32 {
-        return Err("unexpected_not_serving".into());
-    }
-    Ok(())
+    let serving = response.status == ServingStatus::Serving as i32;
+    serving
+        .then_some(())
+        .ok_or_else(|| "unexpected_not_serving".into())
 }
 
-/// `RetryDelay("flight-1", 4)`, the body h2load sends too.
+/// The body h2load sends too.
 pub fn retry_delay_request() -> pb::RetryDelayRequest {
     pb::RetryDelayRequest {
         activity_id: "flight-1".into(),
@@ -106,18 +81,13 @@ pub fn retry_delay_request() -> pb::RetryDelayRequest {
 }
 
 /// The article's `retry_delay("flight-1", 4)` is 11 seconds.
-///
-/// # Errors
-/// `unexpected_delay` for any other delay.
 pub fn check_retry_delay(response: &pb::RetryDelayResponse) -> Result<(), String> {
-    if response.delay_seconds != 11 {
-        return Err("unexpected_delay".into());
-    }
-    Ok(())
+    (response.delay_seconds == 11)
+        .then_some(())
+        .ok_or_else(|| "unexpected_delay".into())
 }
 
-/// A pure `NextAction`: a transient failure with two of three attempts
-/// and 25 of 30 seconds left, so a retry is planned.
+/// A transient failure with two of three attempts and 25 of 30 seconds left: a retry.
 pub fn pure_next_action_request() -> pb::NextActionRequest {
     pb::NextActionRequest {
         budget: Some(pb::Budget {
@@ -132,23 +102,14 @@ pub fn pure_next_action_request() -> pb::NextActionRequest {
     }
 }
 
-/// The pure `NextAction`'s answer is a scheduled retry.
-///
-/// # Errors
-/// `unexpected_action` for any other action.
 pub fn check_pure_next_action(response: &pb::NextActionResponse) -> Result<(), String> {
-    if response.action != pb::Action::ScheduleRetry as i32 {
-        return Err("unexpected_action".into());
-    }
-    Ok(())
+    let retry = response.action == pb::Action::ScheduleRetry as i32;
+    retry
+        .then_some(())
+        .ok_or_else(|| "unexpected_action".into())
 }
 
-/// A durable report's answer is a fresh decision to retry: under the
-/// generous policy every failure is scheduled, and no report is sent twice.
-///
-/// # Errors
-/// `unexpected_replay` for an answer replayed from the store,
-/// `unexpected_action_{code}` for any action but a scheduled retry.
+/// A durable report's answer is a fresh decision to retry: no report is sent twice.
 pub fn check_durable(response: &pb::NextActionResponse) -> Result<(), String> {
     if response.replayed {
         return Err("unexpected_replay".into());
@@ -159,222 +120,164 @@ pub fn check_durable(response: &pb::NextActionResponse) -> Result<(), String> {
     Ok(())
 }
 
-/// Where a virtual client is in its walk of durable activities.
-#[derive(Debug)]
-struct Walk {
-    /// `b{run}-{client}-`: ids no other client or run uses.
-    prefix: String,
-    /// The activity being walked, appended to `prefix`.
-    seq: u64,
-    /// The attempt to report next, 1-based.
-    attempt: u32,
-    /// When that attempt failed: the previous answer's `not_before`, as a
-    /// worker that retries on time would report it.
-    occurred_at: Timestamp,
-}
-
-impl Walk {
-    /// Moves on to a fresh activity.
-    fn next_activity(&mut self) {
-        self.seq += 1;
-        self.attempt = 1;
-        self.occurred_at = now();
-    }
-}
-
-/// One virtual client: a client on one of the shared connections, and its
-/// own request state.
-pub struct VirtualClient {
-    kind: Kind,
-    transport: Transport,
-    tenant: MetadataValue<tonic::metadata::Ascii>,
-    walk: Walk,
-    /// The stored activities, for [`Kind::Stored`], and this client's draw.
-    stored: Option<(Arc<Stored>, Rng)>,
-    /// This client's activities, for [`Kind::Mixed`].
-    mixed: Option<Mixed>,
-}
-
-/// How a virtual client sends: tonic's generated clients, or the same
-/// requests prepared once and sent over h2 ([`crate::raw`]).
+/// How a virtual client sends.
 pub enum Transport {
-    Tonic(TonicClients),
+    Tonic {
+        health: HealthClient<Conn>,
+        budget: RetryBudgetClient<Conn>,
+    },
     Raw(RawClient),
 }
 
-/// The generated clients on one connection.
-pub struct TonicClients {
-    health: HealthClient<Conn>,
-    budget: RetryBudgetClient<Conn>,
-}
-
-impl TonicClients {
-    /// Both generated clients on `channel`.
-    pub fn new(channel: Conn) -> Self {
-        Self {
-            health: HealthClient::new(channel.clone()),
-            budget: RetryBudgetClient::new(channel),
+impl Transport {
+    pub fn tonic(conn: Conn) -> Self {
+        Self::Tonic {
+            health: HealthClient::new(conn.clone()),
+            budget: RetryBudgetClient::new(conn),
         }
     }
 }
 
+/// One virtual client on one of the shared connections, and its own request state.
+pub struct VirtualClient {
+    kind: Kind,
+    transport: Transport,
+    tenant: MetadataValue<Ascii>,
+    /// The durable walk: ids `{prefix}{seq}`, the attempt to report next and when it failed
+    /// (the previous answer's `not_before`, as a worker that retries on time reports it).
+    prefix: String,
+    seq: u64,
+    attempt: u32,
+    occurred_at: Timestamp,
+    stored: Option<(Arc<Stored>, Rng)>,
+    mixed: Option<Mixed>,
+}
+
 impl VirtualClient {
-    /// A client of `kind` sending through `transport`; durable activity ids
-    /// start with `prefix`.
     pub fn new(kind: Kind, transport: Transport, tenant: &str, prefix: &str) -> Self {
+        let mixed = match kind {
+            Kind::Mixed { attempts, tenants } => {
+                let seed = prefix.bytes().fold(0u64, |h, b| {
+                    h.wrapping_mul(0x100_0000_01B3).wrapping_add(u64::from(b))
+                });
+                Some(Mixed::new(prefix, attempts, tenants, seed))
+            }
+            _ => None,
+        };
         Self {
             kind,
             transport,
             tenant: MetadataValue::try_from(tenant)
                 .unwrap_or_else(|_| MetadataValue::from_static("bench")),
-            walk: Walk {
-                prefix: prefix.to_owned(),
-                seq: 0,
-                attempt: 1,
-                occurred_at: now(),
-            },
+            prefix: prefix.to_owned(),
+            seq: 0,
+            attempt: 1,
+            occurred_at: now(),
             stored: None,
-            mixed: match kind {
-                Kind::Mixed { attempts, tenants } => {
-                    let seed = prefix.bytes().fold(0u64, |h, b| {
-                        h.wrapping_mul(0x100_0000_01B3).wrapping_add(u64::from(b))
-                    });
-                    Some(Mixed::new(prefix, attempts, tenants, seed))
-                }
-                _ => None,
-            },
+            mixed,
         }
     }
 
-    /// Reports over `stored` activities ([`Kind::Stored`]), drawn with a
-    /// generator seeded by `seed`.
-    #[must_use]
+    /// Reports over `stored` activities, drawn by a generator seeded with `seed`.
     pub fn with_stored(mut self, stored: Arc<Stored>, seed: u64) -> Self {
         self.stored = Some((stored, Rng::new(seed)));
         self
     }
 
-    /// Sends one request and checks the answer.
-    ///
-    /// # Errors
-    /// The gRPC code of a failed call, or `unexpected_*` for an answer that
-    /// is not what the scenario expects; used as a key to count errors.
+    /// Sends one request and checks the answer; the error is a gRPC code's name or an
+    /// `unexpected_*` key, counted by key.
     pub async fn call(&mut self) -> Result<(), String> {
-        let tonic = match &mut self.transport {
+        let (health, budget) = match &mut self.transport {
             Transport::Raw(raw) => return raw.call().await,
-            Transport::Tonic(tonic) => tonic,
+            Transport::Tonic { health, budget } => (health, budget),
         };
         match self.kind {
-            Kind::Health => {
-                let response = tonic.health.check(health_request()).await.map_err(code)?;
-                check_health(response.get_ref())
-            }
-            Kind::RetryDelay => {
-                let response = tonic
-                    .budget
+            Kind::Health => check_health(
+                health
+                    .check(health_request())
+                    .await
+                    .map_err(code)?
+                    .get_ref(),
+            ),
+            Kind::RetryDelay => check_retry_delay(
+                budget
                     .retry_delay(retry_delay_request())
                     .await
-                    .map_err(code)?;
-                check_retry_delay(response.get_ref())
-            }
+                    .map_err(code)?
+                    .get_ref(),
+            ),
             Kind::PureNextAction => {
-                let response = tonic
-                    .budget
+                let response = budget
                     .next_action(pure_next_action_request())
                     .await
                     .map_err(code)?;
                 check_pure_next_action(response.get_ref())
             }
             Kind::Durable { attempts } => {
-                durable(&mut tonic.budget, &self.tenant, &mut self.walk, attempts).await
+                let report = durable_report(
+                    format!("{}{}", self.prefix, self.seq),
+                    self.attempt,
+                    self.occurred_at,
+                );
+                let outcome = match budget.next_action(with_tenant(report, &self.tenant)).await {
+                    Ok(response) => {
+                        check_durable(response.get_ref()).map(|()| response.into_inner().not_before)
+                    }
+                    Err(status) => Err(code(status)),
+                };
+                match outcome {
+                    // On to the next attempt; after the last one, or whatever went wrong, a
+                    // new activity.
+                    Ok(not_before) if self.attempt < attempts => {
+                        self.attempt += 1;
+                        self.occurred_at = not_before.unwrap_or_else(now);
+                    }
+                    _ => (self.seq, self.attempt, self.occurred_at) = (self.seq + 1, 1, now()),
+                }
+                outcome.map(|_| ())
             }
             Kind::Stored => {
                 let Some((stored, rng)) = &mut self.stored else {
                     return Err("no_stored_activities".into());
                 };
-                stored_report(&mut tonic.budget, &self.tenant, stored, rng).await
-            }
-            Kind::Mixed { .. } => {
-                let Some(mixed) = &mut self.mixed else {
-                    return Err("no_mixed_state".into());
+                let claim = stored
+                    .claim(rng)
+                    .ok_or_else(|| "no_free_activity".to_owned())?;
+                let id = crate::preload::activity_id(crate::preload::PREFIX, claim.index as u64);
+                let request = with_tenant(durable_report(id, claim.attempt, now()), &self.tenant);
+                let outcome = match budget.next_action(request).await {
+                    Ok(response) => check_durable(response.get_ref()),
+                    Err(status) => Err(code(status)),
                 };
-                mixed.call(&mut tonic.budget).await
+                stored.release(claim, &outcome);
+                outcome
             }
+            Kind::Mixed { .. } => match &mut self.mixed {
+                Some(mixed) => mixed.call(budget).await,
+                None => Err("no_mixed_state".into()),
+            },
         }
     }
 }
 
-/// Reports the next failure of the activity being walked.
-async fn durable(
-    budget: &mut RetryBudgetClient<Conn>,
-    tenant: &MetadataValue<tonic::metadata::Ascii>,
-    walk: &mut Walk,
-    attempts: u32,
-) -> Result<(), String> {
-    let mut request = Request::new(durable_report(
-        format!("{}{}", walk.prefix, walk.seq),
-        walk.attempt,
-        walk.occurred_at,
-    ));
+pub fn with_tenant<T>(message: T, tenant: &MetadataValue<Ascii>) -> Request<T> {
+    let mut request = Request::new(message);
     request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
-    let answer = match budget.next_action(request).await {
-        Ok(response) => response.into_inner(),
-        Err(status) => {
-            // Whatever happened to this activity, carry on with a new one.
-            walk.next_activity();
-            return Err(code(status));
-        }
-    };
-    if let Err(key) = check_durable(&answer) {
-        walk.next_activity();
-        return Err(key);
-    }
-    if walk.attempt >= attempts {
-        walk.next_activity();
-    } else {
-        walk.attempt += 1;
-        walk.occurred_at = answer.not_before.unwrap_or_else(now);
-    }
-    Ok(())
+    request
 }
 
-/// Reports the next failure of a random stored activity.
-async fn stored_report(
-    budget: &mut RetryBudgetClient<Conn>,
-    tenant: &MetadataValue<tonic::metadata::Ascii>,
-    stored: &Stored,
-    rng: &mut Rng,
-) -> Result<(), String> {
-    let claim = stored
-        .claim(rng)
-        .ok_or_else(|| "no_free_activity".to_owned())?;
-    let mut request = Request::new(durable_report(
-        crate::preload::activity_id(claim.index as u64),
-        claim.attempt,
-        now(),
-    ));
-    request.metadata_mut().insert(TENANT_HEADER, tenant.clone());
-    let outcome = match budget.next_action(request).await {
-        Ok(response) => check_durable(response.get_ref()),
-        Err(status) => Err(code(status)),
-    };
-    stored.release(claim, &outcome);
-    outcome
-}
-
-/// The name of a failed call's gRPC code, as an error key.
-fn code(status: tonic::Status) -> String {
+/// A failed call's gRPC code, as an error key.
+pub fn code(status: tonic::Status) -> String {
     format!("{:?}", status.code())
 }
 
-/// The wall clock as a protobuf timestamp.
+/// The wall clock in whole milliseconds (what the service keeps), as a protobuf timestamp.
 pub fn now() -> Timestamp {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     Timestamp {
         seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
-        // Whole milliseconds: the service keeps milliseconds.
         nanos: i32::try_from(since.subsec_millis() * 1_000_000).unwrap_or(0),
     }
 }

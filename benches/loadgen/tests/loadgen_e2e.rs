@@ -1,124 +1,97 @@
-//! The load generator of BENCHMARKS.md (`retry-budget-loadgen`) against the
-//! real server on loopback: every scenario `benches/run.sh` runs completes
-//! its requests without an error, and what it reports adds up. The figures
-//! in BENCHMARKS.md come from this binary; a scenario that errored would
-//! measure error paths instead.
+//! The load generator against the real server on loopback: every scenario the bench scripts
+//! run completes its requests without an error and what it reports adds up (a scenario that
+//! errored would measure error paths), and its two clients send the same requests.
 
-// The service's own end-to-end helper (a real server on 127.0.0.1:0 with a
-// temp data dir), shared rather than copied.
+// The service's own end-to-end helper (a real server on 127.0.0.1:0, a temp data dir).
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
 use common::TestServer;
 use serde_json::Value;
 
-/// Runs the generator for a short closed-loop window and returns its report.
-async fn loadgen(server: &TestServer, args: &[&str]) -> Value {
-    let url = server.url();
-    let mut all = vec![
-        "--target",
-        url.as_str(),
-        "--connections",
-        "2",
-        "--concurrency",
-        "8",
-        "--warmup",
-        "200ms",
-        "--duration",
-        "500ms",
-    ];
-    all.extend_from_slice(args);
-    report(&all).await
-}
-
-/// Runs the generator with `args`, which must succeed, and returns its
-/// report.
-async fn report(args: &[&str]) -> Value {
-    let output = run(args).await;
-    assert!(
-        output.status.success(),
-        "retry-budget-loadgen {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("one JSON object on stdout")
-}
-
-/// Runs the generator with `args`, which must fail, and returns what it
-/// said on stderr.
-async fn refusal(args: &[&str]) -> String {
-    let output = run(args).await;
-    assert!(!output.status.success(), "{args:?} succeeded");
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-async fn run(args: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
+/// Runs the generator with `args`, and returns its report or, if it failed, its stderr.
+async fn run(args: &[&str]) -> Result<Value, String> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
         .args(args)
         .output()
         .await
-        .expect("run retry-budget-loadgen")
+        .expect("run retry-budget-loadgen");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).expect("one JSON object on stdout"))
+}
+
+/// A short window against `url` (2 connections, 8 clients), which must succeed.
+async fn window(url: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--target", url, "--connections", "2", "--concurrency", "8"];
+    all.extend_from_slice(&["--warmup", "200ms", "--duration", "500ms"]);
+    all.extend_from_slice(args);
+    run(&all)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+async fn activity(server: &TestServer, id: &str) -> common::pb::Activity {
+    let request = common::pb::GetActivityRequest {
+        activity_id: id.into(),
+    };
+    let mut client = server.client().await;
+    let found = client
+        .get_activity(common::with_tenant(request, "loadgen-test"))
+        .await;
+    found
+        .unwrap_or_else(|e| panic!("{id} is stored: {e}"))
+        .into_inner()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_scenario_runs_without_errors() {
+async fn every_scenario_runs_without_errors_on_either_client() {
     let server = TestServer::start().await;
-    for scenario in [
+    let url = server.url();
+    let scenarios = [
         "health",
         "retry-delay",
         "pure-next-action",
         "durable-next-action",
-    ] {
-        let report = loadgen(&server, &["--scenario", scenario]).await;
-        assert_eq!(report["scenario"], scenario);
-        assert_eq!(report["errors"], 0, "{scenario}: {report}");
-        let requests = report["requests"].as_u64().expect("requests");
-        assert!(requests > 0, "{scenario}: no request completed: {report}");
-        let p50 = report["latency_us"]["p50"].as_u64().expect("p50");
-        let p99 = report["latency_us"]["p99"].as_u64().expect("p99");
-        assert!(0 < p50 && p50 <= p99, "{scenario}: {report}");
-    }
-    server.stop().await.expect("clean stop");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_h2_client_runs_its_scenarios_without_errors() {
-    let server = TestServer::start().await;
-    for scenario in ["health", "retry-delay", "pure-next-action"] {
-        let report = loadgen(&server, &["--scenario", scenario, "--client", "h2"]).await;
-        assert_eq!(report["client"], "h2");
+        "mixed",
+    ];
+    let h2 = ["health", "retry-delay", "pure-next-action"].map(|s| (s, "h2"));
+    for (scenario, client) in scenarios.map(|s| (s, "tonic")).into_iter().chain(h2) {
+        let report = window(&url, &["--scenario", scenario, "--client", client]).await;
+        assert_eq!(
+            (report["scenario"].as_str(), report["client"].as_str()),
+            (Some(scenario), Some(client))
+        );
         assert_eq!(report["errors"], 0, "{scenario}: {report}");
         assert!(
             report["requests"].as_u64() > Some(0),
             "{scenario}: {report}"
         );
+        let (p50, p99) = (
+            report["latency_us"]["p50"].as_u64(),
+            report["latency_us"]["p99"].as_u64(),
+        );
+        assert!(Some(0) < p50 && p50 <= p99, "{scenario}: {report}");
     }
     server.stop().await.expect("clean stop");
 }
 
-/// Both clients check the answer, not only the call's status: with a
-/// retry-token bucket of one token, pure NextAction answers `DEFERRED`
-/// after the first request, and each client counts those answers under the
-/// same key.
+/// Both clients check the answer, not only the call's status: with a bucket of one token,
+/// pure NextAction answers `DEFERRED` after the first request, counted under the same key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_clients_count_a_wrong_answer_the_same_way() {
-    let server = TestServer::start_with(|config| {
-        config.bucket.rate = 1.0;
-        config.bucket.burst = 1;
-    })
-    .await;
+    let server =
+        TestServer::start_with(|config| (config.bucket.rate, config.bucket.burst) = (1.0, 1)).await;
     for client in ["tonic", "h2"] {
-        let report = loadgen(
-            &server,
+        let report = window(
+            &server.url(),
             &["--scenario", "pure-next-action", "--client", client],
         )
         .await;
-        let deferred = report["error_codes"]["unexpected_action"]
-            .as_u64()
-            .unwrap_or(0);
-        assert!(deferred > 0, "{client}: {report}");
-        assert_eq!(
-            report["errors"].as_u64(),
-            Some(deferred),
+        let deferred = report["error_codes"]["unexpected_action"].as_u64();
+        assert!(
+            deferred > Some(0) && report["errors"].as_u64() == deferred,
             "{client}: {report}"
         );
     }
@@ -126,38 +99,43 @@ async fn both_clients_count_a_wrong_answer_the_same_way() {
 }
 
 #[tokio::test]
-async fn the_h2_client_refuses_a_durable_scenario() {
-    let stderr = refusal(&[
-        "--target",
-        "http://127.0.0.1:9",
-        "--scenario",
-        "durable-next-action",
-        "--client",
-        "h2",
-    ])
+async fn what_cannot_run_is_a_clear_error() {
+    let target = ["--target", "http://127.0.0.1:9"];
+    let h2 = run(&[
+        &target[..],
+        &["--scenario", "durable-next-action", "--client", "h2"],
+    ]
+    .concat())
     .await;
-    assert!(stderr.contains("invalid arguments"), "{stderr}");
-    assert!(stderr.contains("pure-next-action"), "{stderr}");
+    let error = h2.expect_err("no h2 client for a durable scenario");
+    assert!(
+        error.contains("invalid arguments") && error.contains("pure-next-action"),
+        "{error}"
+    );
+    let error = run(&[&target[..], &["--scenario", "health"]].concat())
+        .await
+        .expect_err("nothing there");
+    assert!(
+        error.contains("cannot connect to http://127.0.0.1:9"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_open_loop_sends_at_its_rate() {
     let server = TestServer::start().await;
     for client in ["tonic", "h2"] {
-        let report = loadgen(
-            &server,
-            &[
-                "--scenario",
-                "health",
-                "--mode",
-                "open",
-                "--rate",
-                "2000",
-                "--client",
-                client,
-            ],
-        )
-        .await;
+        let args = [
+            "--scenario",
+            "health",
+            "--mode",
+            "open",
+            "--rate",
+            "2000",
+            "--client",
+            client,
+        ];
+        let report = window(&server.url(), &args).await;
         assert_eq!(report["errors"], 0, "{client}: {report}");
         // 2,000 a second over the 0.5 s window.
         let due = report["requests_due"].as_u64().expect("requests_due");
@@ -170,102 +148,106 @@ async fn the_open_loop_sends_at_its_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_decisions_are_stored() {
     let server = TestServer::start().await;
-    let report = loadgen(
-        &server,
-        &[
-            "--scenario",
-            "durable-next-action",
-            "--tenant",
-            "loadgen-test",
-            "--attempts",
-            "3",
-            "--run-id",
-            "e2e",
-        ],
-    )
-    .await;
-    assert_eq!(report["errors"], 0, "{report}");
-    assert_eq!(report["attempts_per_activity"], 3);
-    // Virtual client 0 walked its first activity, `be2e-0-0`, through
-    // attempts 1 to 3 before moving on: the store holds all three decisions.
-    let mut client = server.client().await;
-    let activity = client
-        .get_activity(common::with_tenant(
-            common::pb::GetActivityRequest {
-                activity_id: "be2e-0-0".into(),
-            },
-            "loadgen-test",
-        ))
-        .await
-        .expect("the generator's first activity is stored")
-        .into_inner();
-    assert_eq!(activity.attempts, 3, "{activity:?}");
-    assert_eq!(activity.events.len(), 3, "{activity:?}");
+    let args = [
+        "--scenario",
+        "durable-next-action",
+        "--tenant",
+        "loadgen-test",
+        "--attempts",
+        "3",
+        "--run-id",
+        "e2e",
+    ];
+    let report = window(&server.url(), &args).await;
+    assert_eq!(
+        (
+            report["errors"].as_u64(),
+            report["attempts_per_activity"].as_u64()
+        ),
+        (Some(0), Some(3))
+    );
+    // Client 0 walked its first activity through attempts 1 to 3 before moving on.
+    let first = activity(&server, "be2e-0-0").await;
+    assert_eq!((first.attempts, first.events.len()), (3, 3), "{first:?}");
     server.stop().await.expect("clean stop");
 }
 
-/// `new-activities` writes each activity once through the server, and
-/// counts an answer replayed from the store as a failure: run again with the
-/// same ids, every write is one.
+/// `new-activities` writes each activity once, and counts an answer replayed from the store
+/// as a failure: run again with the same ids, every write is one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_activities_are_each_written_once() {
     let server = TestServer::start().await;
     let url = server.url();
     let args = [
         "--target",
-        url.as_str(),
+        &url,
         "--scenario",
         "new-activities",
         "--activities",
         "300",
         "--concurrency",
         "16",
-        "--connections",
-        "2",
-        "--tenant",
-        "loadgen-test",
-        "--run-id",
-        "e2e",
     ];
-    let first = report(&args).await;
-    assert_eq!(first["scenario"], "new-activities", "{first}");
-    assert_eq!(first["written"], 300, "{first}");
-    assert_eq!(first["failed"], 0, "{first}");
-    let mut client = server.client().await;
+    let args = [&args[..], &["--tenant", "loadgen-test", "--run-id", "e2e"]].concat();
+    let first = run(&args).await.expect("written");
+    assert_eq!(
+        (first["written"].as_u64(), first["failed"].as_u64()),
+        (Some(300), Some(0)),
+        "{first}"
+    );
     for id in ["ne2e-00000000", "ne2e-00000299"] {
-        let activity = client
-            .get_activity(common::with_tenant(
-                common::pb::GetActivityRequest {
-                    activity_id: id.into(),
-                },
-                "loadgen-test",
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("{id} is stored: {e}"))
-            .into_inner();
-        assert_eq!(activity.attempts, 1, "{activity:?}");
+        assert_eq!(activity(&server, id).await.attempts, 1);
     }
-    let again = report(&args).await;
+    let again = run(&args).await.expect("run");
     assert_eq!(again["written"], 0, "{again}");
     assert_eq!(again["error_codes"]["unexpected_replay"], 300, "{again}");
     server.stop().await.expect("clean stop");
 }
 
-#[tokio::test]
-async fn an_unreachable_target_is_a_clear_error() {
-    let stderr = refusal(&[
-        "--target",
-        "http://127.0.0.1:9",
+/// The offline preload, then reports over the stored activities: each run goes on from the
+/// attempts the last one reached, so that no report is a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_activities_are_preloaded_and_reported_on_from_run_to_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let preload = [
         "--scenario",
-        "health",
-        "--duration",
-        "1s",
-    ])
-    .await;
-    assert!(
-        stderr.contains("cannot connect to http://127.0.0.1:9"),
-        "{stderr}"
-    );
+        "preload",
+        "--activities",
+        "50",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let preloaded = run(&[&preload[..], &["--tenant", "loadgen-test"]].concat())
+        .await
+        .expect("preloaded");
+    assert_eq!(preloaded["activities"], 50, "{preloaded}");
+    let server = TestServer::start_in(data, |_| {}).await;
+    assert_eq!(activity(&server, "pre-00000049").await.attempts, 1);
+    let file = dir.path().join("attempts");
+    let args = [
+        "--scenario",
+        "stored-next-action",
+        "--activities",
+        "50",
+        "--tenant",
+        "loadgen-test",
+    ];
+    let args = [&args[..], &["--attempts-file", file.to_str().unwrap()]].concat();
+    let mut mean = 0.0;
+    for _ in 0..2 {
+        let report = window(&server.url(), &args).await;
+        assert_eq!(
+            (
+                report["errors"].as_u64(),
+                report["stored_activities"].as_u64()
+            ),
+            (Some(0), Some(50))
+        );
+        assert!(report["mean_attempt"].as_f64() > Some(mean), "{report}");
+        mean = report["mean_attempt"].as_f64().expect("mean_attempt");
+    }
+    server.stop().await.expect("clean stop");
 }
 
 /// What a server saw of one request: everything but the stream id.
@@ -279,8 +261,7 @@ struct Seen {
     frames: Vec<usize>,
 }
 
-/// An HTTP/2 server on loopback that records every request it is sent and
-/// answers each with `RetryDelay`'s 11 seconds.
+/// An HTTP/2 server that records every request and answers it with `RetryDelay`'s 11 s.
 async fn recording_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -292,8 +273,7 @@ async fn recording_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<See
             let tx = tx.clone();
             tokio::spawn(async move {
                 let mut connection = h2::server::handshake(socket).await.expect("handshake");
-                // Each request on its own task: the connection must be
-                // polled (accept) for a request's body to arrive.
+                // Each request on its own task: the connection must be polled for a body to arrive.
                 while let Some(Ok((request, respond))) = connection.accept().await {
                     tokio::spawn(answer(request, respond, tx.clone()));
                 }
@@ -303,7 +283,6 @@ async fn recording_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<See
     (url, rx)
 }
 
-/// Records one request and answers it with `RetryDelay`'s 11 seconds.
 async fn answer(
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<bytes::Bytes>,
@@ -311,18 +290,19 @@ async fn answer(
 ) {
     use prost::Message;
     let (parts, mut body) = request.into_parts();
+    let mut headers: Vec<_> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
     let mut seen = Seen {
         method: parts.method,
         uri: parts.uri.to_string(),
-        headers: parts
-            .headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_owned()))
-            .collect(),
-        body: Vec::new(),
-        frames: Vec::new(),
+        headers,
+        body: vec![],
+        frames: vec![],
     };
-    seen.headers.sort();
     while let Some(Ok(data)) = body.data().await {
         let _ = body.flow_control().release_capacity(data.len());
         seen.frames.push(data.len());
@@ -348,16 +328,14 @@ async fn answer(
     let _ = send.send_trailers(trailers);
 }
 
-/// The h2 client's request is the tonic client's, byte for byte: the same
-/// pseudo-headers and headers, the same message, in the same DATA frames.
+/// The h2 client's request is the tonic client's, byte for byte: the same pseudo-headers and
+/// headers, the same message, in the same DATA frames.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_h2_client_sends_what_the_tonic_client_sends() {
     let (url, mut seen) = recording_server().await;
     let mut requests = Vec::new();
     for client in ["tonic", "h2"] {
-        let report = report(&[
-            "--target",
-            &url,
+        let args = [
             "--scenario",
             "retry-delay",
             "--client",
@@ -366,17 +344,22 @@ async fn the_h2_client_sends_what_the_tonic_client_sends() {
             "1",
             "--concurrency",
             "1",
-            "--warmup",
-            "0s",
-            "--duration",
-            "50ms",
-        ])
-        .await;
+        ];
+        let args = [
+            &args[..],
+            &["--target", &url, "--warmup", "0s", "--duration", "50ms"],
+        ]
+        .concat();
+        let report = run(&args).await.expect("run");
         assert_eq!(report["errors"], 0, "{client}: {report}");
         requests.push(seen.recv().await.expect("a request"));
         while seen.try_recv().is_ok() {}
     }
-    assert_eq!(requests[0].method, http::Method::POST);
-    assert_eq!(requests[0].frames.len(), 2, "{:?}", requests[0]);
+    assert_eq!(
+        (&requests[0].method, requests[0].frames.len()),
+        (&http::Method::POST, 2),
+        "{:?}",
+        requests[0]
+    );
     assert_eq!(requests[0], requests[1]);
 }

@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Tests of the rules the figures of BENCHMARKS.md rest on: summary.py's verdicts, the table
+across runs and the cost model, the PostgreSQL ratios, the soak's quantiles, and how
+callgrind_summary.py reads a dump with its simulated cache misses.
+
+Run: python3 benches/test_summary.py (benches/loadgen/tests/bench_summary.rs runs it under
+`cargo test --workspace`).
+"""
+
+import json
+import os
+import sys
+import tempfile
+import unittest
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import callgrind_summary as cs  # noqa: E402
+import summary  # noqa: E402
+
+
+def window(throughput, *, other=0.0, cpu_us=None, p99=None, lag=None, mode="closed", threads=None, **extra):
+    """One loadgen window with the fields the summaries read."""
+    rec = {"throughput_rps": throughput, "other_busy_cores": other, "mode": mode,
+           "server_cpu_us_per_request": cpu_us or 1e6 / throughput, **extra}
+    if p99 is not None:
+        rec["latency_us"] = {"p99": p99}
+    if lag is not None:
+        rec["pacer_lag_us"] = {"p99": lag}
+    if threads:
+        rec["server_thread_cpu_us_per_request"] = threads
+    return rec
+
+
+def row(runs, prefix, servers=None):
+    found = [r for r in summary.verdicts(defaultdict(list, runs), servers or {}) if r["what"].startswith(prefix)]
+    assert len(found) == 1, prefix
+    return found[0]
+
+
+class Verdicts(unittest.TestCase):
+    def test_durable_is_judged_against_pure_on_the_same_server_else_the_closed_loop(self):
+        runs = {"closed/pure-next-action": [window(100_000)] * 2,
+                "durable/pure-next-action": [window(60_000), window(62_000)],
+                "durable/group-commit": [window(30_000), window(31_000)]}
+        durable = row(runs, "durable / pure NextAction")
+        self.assertIn("same server", durable["what"])
+        self.assertEqual(durable["pair_ratios"], [0.5, 31_000 / 62_000])
+        self.assertTrue(durable["met"])
+        del runs["durable/pure-next-action"]
+        older = row(runs, "durable / pure NextAction")
+        self.assertNotIn("same server", older["what"])
+        self.assertAlmostEqual(older["ratio"], 0.305)
+        self.assertFalse(older["met"])
+
+    def test_a_pair_with_other_work_on_the_machine_is_left_out(self):
+        rd = row({"closed/retry-delay": [window(90_000), window(50_000, other=0.6), window(60_000)],
+                  "closed/health": [window(100_000)] * 2 + [window(100_000, other=0.6)]},
+                 "RetryDelay / health throughput")
+        self.assertAlmostEqual(rd["ratio"], 2 / 3)
+        self.assertAlmostEqual(rd["clean_ratio"], 0.90)
+        self.assertTrue(rd["met"])
+
+    def test_capacity_compares_server_cpu_a_request(self):
+        cap = row({"closed/pure-next-action": [window(60_000, cpu_us=12.0)],
+                   "closed/health": [window(60_000, cpu_us=10.0)]}, "server capacity: pure NextAction / health")
+        self.assertAlmostEqual(cap["ratio"], 10.0 / 12.0)
+        self.assertFalse(cap["met"])
+
+    def test_an_open_loop_is_judged_only_on_the_pairs_on_schedule(self):
+        late = summary.LATE_SENDS_US + 1
+        health = [window(40_000, mode="open", p99=600, lag=70), window(40_000, mode="open", p99=600, lag=80)]
+        pure = [window(40_000, mode="open", p99=9_000, lag=5_000), window(40_000, mode="open", p99=700, lag=60)]
+        judged = row({"open/pure-next-action": pure, "open/health": health}, "pure NextAction / health p99")
+        self.assertAlmostEqual(judged["clean_ratio"], 700 / 600)
+        self.assertTrue(judged["met"])
+        pure[1]["pacer_lag_us"]["p99"] = late
+        unjudged = row({"open/pure-next-action": pure, "open/health": health}, "pure NextAction / health p99")
+        self.assertIsNone(unjudged["clean_ratio"])
+        self.assertIsNone(unjudged["met"], "no pair on schedule: neither met nor missed")
+
+    def test_peak_rss_is_the_largest_of_the_big_stores_servers_and_no_window_judges_nothing(self):
+        servers = {"durable/stored-big": [{"vm_hwm_kib": 130 * 1024}, {"vm_hwm_kib": 300 * 1024}]}
+        rss = row({}, "peak RSS", servers)
+        self.assertAlmostEqual(rss["ratio"], 300)
+        self.assertFalse(rss["met"])
+        self.assertTrue(all(r["met"] is None for r in summary.verdicts(defaultdict(list), {})))
+
+    def test_a_noisy_group_says_how_much_of_it_the_host_stole(self):
+        noisy = summary.noisy_groups({
+            "durable/group-commit": [{"other_busy_cores": 0.5, "steal_cores": 0.4},
+                                     {"other_busy_cores": 0.3, "steal_cores": 0.2}],
+            "closed/health": [{"other_busy_cores": 0.1}], "closed/pure-next-action": [{"other_busy_cores": 0.4}]})
+        self.assertEqual([summary.noisy_label(*n) for n in noisy], [
+            "closed/pure-next-action", "durable/group-commit (0.40 of a core, 0.30 of it stolen by the host)"])
+
+
+class Across(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+
+    def run_file(self, name, hour, windows, cpu="AMD EPYC", **machine):
+        path = os.path.join(self.dir.name, f"2026-12-01-2core-run{name}.jsonl")
+        with open(path, "w") as f:
+            for rec in [{"kind": "machine", "date": f"2026-12-01T{hour:02}:00:00Z", "cpu": cpu, "commit": "abc1234",
+                         **machine}, *windows]:
+                f.write(json.dumps(rec) + "\n")
+        return path
+
+    def durable_runs(self, *runs, **machine):
+        return [self.run_file(name, 10 + i, [window(100_000, label="durable/pure-next-action"),
+                                             window(100_000 * ratio, label="durable/group-commit")],
+                              **({"cpu_model": model, "cpu_family": 25} if model else machine))
+                for i, (name, ratio, model) in enumerate(runs)]
+
+    def test_a_runs_figures_are_the_judged_ratios_and_misses_are_marked(self):
+        path = self.run_file("ZA", 10, [
+            window(100_000, label="closed/health"), window(100_000, label="closed/health"),
+            window(95_000, label="closed/pure-next-action"),
+            window(40_000, other=0.9, label="closed/pure-next-action"),
+            window(100_000, label="durable/pure-next-action"), window(45_000, label="durable/group-commit")])
+        r = summary.summary_row(path, {"ZA": "25/1"})
+        self.assertEqual((r["run"], r["machine"]), ("ZA", "AMD EPYC 25/1"))
+        self.assertAlmostEqual(r["targets"]["pure/h"][0], 0.95)
+        self.assertEqual(summary.cell(*r["targets"]["dur/pure"]), "0.45*")
+        self.assertEqual(summary.cell(*r["targets"]["h2 RD/h"]), "-")
+
+    def test_a_figure_is_never_rounded_across_its_bound(self):
+        cells = [summary.cell(*c) for c in [(0.8996, False, 0.9), (0.8970, False, 0.9), (0.9019, True, 0.9),
+                                            (0.4951, False, 0.5), (139.2, True, 256.0)]]
+        self.assertEqual(cells, ["0.8996*", "0.897*", "0.90", "0.495*", "139"])
+
+    def test_counts_medians_and_ranges_take_only_the_runs_that_judged_by_machine_too(self):
+        lines = summary.across_report(self.durable_runs(("ZC", 0.40, 1), ("ZB", 0.60, 1), ("ZD", 0.45, 17)))
+        lines = lines.splitlines()
+        self.assertEqual([line.split()[0] for line in lines[1:4]], ["ZC", "ZB", "ZD"])  # in the order they ran
+        self.assertIn("1 of 3", next(x for x in lines if x.startswith("met in")))
+        self.assertNotIn("0 of 0", next(x for x in lines if x.startswith("met in")))
+        self.assertIn("0.45", next(x for x in lines if x.startswith("median")))
+        self.assertIn("0.40-0.60", next(x for x in lines if x.startswith("range")))
+        start = lines.index("by machine: median (runs met / judged)")
+        self.assertTrue(lines[start + 1].startswith("AMD EPYC 25/1 ") and "0.50 (1/2)" in lines[start + 1])
+        self.assertTrue(lines[start + 2].startswith("AMD EPYC 25/17 ") and "0.45 (0/1)" in lines[start + 2])
+
+    def test_a_written_summary_gives_the_table_of_its_results_files(self):
+        paths = self.durable_runs(("ZH", 0.55, None), ("ZI", 0.45, None))
+        tsv = os.path.join(self.dir.name, "models.tsv")
+        with open(tsv, "w") as f:
+            f.write("# run\tfamily/model\nZH\t26/2\nZI\t26/2\n")
+        out = os.path.join(self.dir.name, "summary.jsonl")
+        self.assertEqual(summary.main(["write", out, "--models", tsv, *reversed(paths)]), 0)
+        models = summary.known_models(tsv)
+        self.assertEqual(summary.all_rows([out]), sorted((summary.summary_row(p, models) for p in paths),
+                                                         key=lambda r: r["date"]))
+        newer = self.run_file("ZJ", 20, [window(100_000, label="closed/health")])
+        self.assertEqual([line.split()[0] for line in summary.across_report([out, newer]).splitlines()[1:4]],
+                         ["ZH", "ZI", "ZJ"])
+
+    def test_costs_by_machine_take_each_kinds_median(self):
+        paths = [self.run_file(name, 10 + i, [
+            window(1e6 / health, label="closed/health"),
+            window(1e6 / (health + 1), label="closed/pure-next-action"),
+            window(1e6 / (health + 1), label="durable/pure-next-action"),
+            window(1e6 / (3 * health), label="durable/group-commit", threads={
+                "tokio-rt-worker": 2 * health, "redb-writer": health / 2, "redb-checkpoint": health / 2}),
+            {"label": "fsync", "scenario": "fsync", "latency_us": {"p50": fsync}},
+        ], cpu_family=25, cpu_model=1) for i, (name, health, fsync) in enumerate([("ZK", 10.0, 200), ("ZL", 12.0, 300),
+                                                                                 ("ZM", 20.0, 250)])]
+        cells = summary.cost_report(paths).splitlines()[1].split()
+        self.assertEqual(cells[:4], ["AMD", "EPYC", "25/1", "3"])
+        # health, pure, pure (dur), durable, worker, writer, checkpoint, 1 fsync/dec, dur/pure, fsync ms
+        self.assertEqual(cells[4:], ["12.0", "13.0", "13.0", "36.0", "24.0", "6.0", "6.0", "-", "2.77", "0.25"])
+
+
+class Postgres(unittest.TestCase):
+    @staticmethod
+    def pg_window(label, rps):
+        return {"label": label, "throughput_rps": rps, "errors": 0, "client_cpu_cores": 0.2,
+                "cores": {"server": 0.5, "postgres": 1.0, "busy": 1.9, "other": 0.4}}
+
+    def test_each_round_is_judged_against_its_own_best_pgbench(self):
+        pgbench = lambda rnd, clients, tps: {"kind": "pgbench", "round": rnd, "clients": clients, "tps": tps}  # noqa
+        rows = [self.pg_window("pg/durable", 9000), pgbench(1, 1, 2000), pgbench(1, 32, 6000), pgbench(1, 64, 5000),
+                # A failed pgbench (no tps) is no figure, not a zero.
+                self.pg_window("pg/durable", 8000), pgbench(2, 32, 4000), pgbench(2, 64, None)]
+        rounds = summary.pgbench_rounds(rows)
+        self.assertEqual([(r["ratio"], r["best"]["clients"]) for r in rounds], [(1.5, 32), (2.0, 32)])
+        self.assertIn("median 1.75 (met", summary.pg_report(rows))
+
+    def test_a_big_window_is_paired_with_the_small_one_just_before_it(self):
+        rows = [self.pg_window(f"pg/stored-{size}", rps) for size, rps in
+                [("small", 1000), ("big", 700), ("small", 1000), ("small", 2000), ("big", 1800), ("big", 5000)]]
+        ratios = [p[2] for p in summary.stored_pairs(rows, "pg")]
+        self.assertEqual(ratios, [0.7, 0.9])
+        self.assertEqual(summary.verdict(ratios, 0.8), "median 0.80 (met, target >= 0.8)")
+        self.assertIn("MISSED", summary.verdict([0.7], 0.8))
+
+    def test_the_generators_own_cpu_figure_stands_for_it_and_other_is_the_rest(self):
+        split = summary.per_unit(self.pg_window("pg/durable", 10000), 10000)
+        self.assertEqual({k: round(v, 6) for k, v in split.items()},
+                         {"server": 50, "postgres": 100, "loadgen": 20, "other": 20, "busy": 190})
+
+
+class Soak(unittest.TestCase):
+    def test_quantile_interpolates_within_the_bucket_of_the_difference(self):
+        before = [(0.001, 10), (0.002, 10), (float("inf"), 10)]
+        after = [(0.001, 60), (0.002, 110), (float("inf"), 110)]  # 50 under 1 ms, 50 from 1 to 2 ms
+        self.assertAlmostEqual(summary.quantile(0.5, before, after), 0.001)
+        self.assertAlmostEqual(summary.quantile(0.99, before, after), 0.00198)
+        self.assertIsNone(summary.quantile(0.99, before, before))
+        # In the +Inf bucket: its lower bound.
+        self.assertAlmostEqual(summary.quantile(0.99, before, [(0.001, 60), (0.002, 60), (float("inf"), 110)]), 0.002)
+
+    def test_a_scrape_is_summed_by_label(self):
+        scrape = summary.parse_scrape(
+            'retry_budget_decisions_total{action="ACTION_DEFERRED",code="deferred"} 7\n'
+            'retry_budget_decisions_total{action="ACTION_SCHEDULE_RETRY",code="schedule_retry"} 5\n# EOF\n')
+        self.assertEqual(summary.total(scrape, "retry_budget_decisions_total"), 12)
+        self.assertEqual(summary.total(scrape, "retry_budget_decisions_total", action="ACTION_DEFERRED"), 7)
+
+
+# Names compressed as callgrind writes them ("(N) name", then "(N)"); handler_a's second cost
+# line leaves out its trailing zero events; a call's line is the call's inclusive cost.
+CACHE_SIM_DUMP = """# callgrind format
+events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+desc: LL cache: 524288 B, 64 B, 8-way associative
+summary: 1000 0 0 0 0 0 0 40 20
+fl=(1) ./string/../sysdeps/x86_64/multiarch/memmove-vec-unaligned-erms.S
+fn=(1) memcpy
+0 200 0 0 0 0 0 0 20 10
+fl=(2) /work/main/src/grpc/service.rs
+fn=(2) handler_a
+12 500
+13 100 0 0 0 0 0 0 5
+cfn=(1)
+calls=2 0
+14 150 0 0 0 0 0 0 15 10
+fn=(3) handler_b
+20 150 0 0 0 0 0 0 15 10
+cfn=(1)
+calls=1 0
+21 50 0 0 0 0 0 0 5 0
+cfn=(2)
+calls=1 0
+22 10 0 0 0 0 0 0 1 1
+"""
+
+
+class Callgrind(unittest.TestCase):
+    def parse(self, text):
+        with tempfile.NamedTemporaryFile("w", suffix=".callgrind", delete=False) as f:
+            f.write(text)
+        self.addCleanup(os.unlink, f.name)
+        return cs.parse(f.name)
+
+    def test_costs_calls_and_cache_misses(self):
+        p = self.parse(CACHE_SIM_DUMP)
+        self.assertTrue(p.has_cache_sim())
+        self.assertEqual(p.self_cost[("/work/main/src/grpc/service.rs", "handler_a")], [600, 0, 0, 0, 0, 0, 0, 5, 0])
+        self.assertEqual(p.column(p.self_cost, *cs.LL_MISSES)[("/work/main/src/grpc/service.rs", "handler_b")], 25)
+        self.assertEqual(p.column(p.inclusive, *cs.LL_MISSES)["memcpy"], 30)
+        self.assertEqual(p.column(p.inclusive, "Ir")["handler_a"], 10)
+        self.assertEqual(p.call_counts["memcpy"], 3)
+        ll = cs.ll_report(p, requests=10)
+        self.assertEqual((ll["ll_kib"], ll["per_request"]), (512, 6.0))
+        self.assertEqual(list(ll["top_self"].items())[0], ("memcpy", 3.0))
+        self.assertEqual(ll["top_callers"], {"function": "memcpy", "callers": {"handler_a": 2.5, "handler_b": 0.5}})
+
+    def test_a_dump_of_instructions_alone_has_no_cache_report(self):
+        p = self.parse("events: Ir\nsummary: 300\nfl=(1) src/a.rs\nfn=(1) a\n1 300\n")
+        self.assertFalse(p.has_cache_sim())
+        self.assertEqual((p.ll_bytes, p.total), (None, [300]))
+        self.assertEqual(p.column(p.self_cost, *cs.LL_MISSES), {("src/a.rs", "a"): 0})
+
+
+if __name__ == "__main__":
+    unittest.main()

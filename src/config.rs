@@ -3,7 +3,7 @@
 //! [`Config`], in that order of precedence, lowest first: a flag beats its
 //! environment variable, which beats the file, which beats the default.
 //! Each default is declared once, in the `Default` of its section (the
-//! store's journal settings in `RedbStoreOptions::new`, the bucket's in
+//! store's journal settings in `store::JournalOptions`, the bucket's in
 //! `bucket::config`); `retry-budget --print-config` shows the result.
 //!
 //! ```toml
@@ -314,16 +314,16 @@ impl Config {
             key,
             message: message.to_owned(),
         };
-        if !(1..=65_536).contains(&self.store.max_batch) {
+        if !(1..=65_536).contains(&self.store.journal.max_batch) {
             return Err(value("store.max_batch", "must be 1 to 65536"));
         }
-        if !(1 << 10..=1 << 30).contains(&self.store.journal_segment_bytes) {
+        if !(1 << 10..=1 << 30).contains(&self.store.journal.segment_bytes) {
             return Err(value(
                 "store.journal_segment_bytes",
                 "must be 1 KiB to 1 GiB (1024 to 1073741824)",
             ));
         }
-        if self.store.journal_segment_age.is_zero() {
+        if self.store.journal.segment_age.is_zero() {
             return Err(value(
                 "store.journal_segment_age",
                 "must be longer than zero",
@@ -515,6 +515,10 @@ mod tests {
         let err = toml::from_str::<Config>("[bucket]\nrat = 5.0\n").unwrap_err();
         assert!(err.to_string().contains("rat"), "{err}");
         assert!(toml::from_str::<Config>("[buckt]\n").is_err());
+        // [store]'s journal keys are flattened in from the store's own
+        // options: a typo among them is still refused.
+        let err = toml::from_str::<Config>("[store]\nmax_bach = 1\n").unwrap_err();
+        assert!(err.to_string().contains("max_bach"), "{err}");
         assert!(toml::from_str::<Config>("[store]\ncommit_window = \"soon\"\n").is_err());
         for (text, key) in [
             ("[store]\nmax_batch = 0\n", "store.max_batch"),

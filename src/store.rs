@@ -25,7 +25,7 @@ pub(crate) use self::postgres::error_chain;
 pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
 #[doc(hidden)]
 pub use self::redb::CheckpointFault;
-pub use self::redb::{RedbStore, RedbStoreOptions, RuntimeIdle};
+pub use self::redb::{JournalOptions, RedbStore, RedbStoreOptions, RuntimeIdle};
 
 use std::error::Error;
 use std::future::Future;

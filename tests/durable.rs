@@ -679,7 +679,7 @@ async fn the_journal_segment_size_decides_when_a_segment_is_checkpointed() {
     let hour = Duration::from_secs(3600);
 
     // The default size (8 MiB) holds 100 decisions.
-    let server = TestServer::start_with(|c| c.store.journal_segment_age = hour).await;
+    let server = TestServer::start_with(|c| c.store.journal.segment_age = hour).await;
     hundred_first_reports(&server).await;
     let generations = segment_generations(&server.data_dir);
     assert!(
@@ -693,8 +693,8 @@ async fn the_journal_segment_size_decides_when_a_segment_is_checkpointed() {
     // server runs. A segment grows to four times the size while a checkpoint
     // is slow, so even then 100 decisions (over 20 KiB) fill at least five.
     let server = TestServer::start_with(|c| {
-        c.store.journal_segment_bytes = 1 << 10;
-        c.store.journal_segment_age = hour;
+        c.store.journal.segment_bytes = 1 << 10;
+        c.store.journal.segment_age = hour;
     })
     .await;
     hundred_first_reports(&server).await;

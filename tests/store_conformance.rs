@@ -287,7 +287,7 @@ async fn redb_saves_that_arrive_together_share_a_commit() {
 async fn redb_batch_of_one_commits_each_save_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mut options = RedbStoreOptions::new(dir.path());
-    options.max_batch = 1;
+    options.journal.max_batch = 1;
     let store = Arc::new(RedbStore::open(&options).unwrap());
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -325,8 +325,8 @@ async fn redb_store_conforms_with_a_checkpoint_after_every_group() {
         let mut options = RedbStoreOptions::new(&path);
         // Every group fills a segment: checkpoints run all the time, so
         // loads meet records in the active set, the frozen set and redb.
-        options.segment_bytes = 1;
-        options.commit_window = Duration::ZERO;
+        options.journal.segment_bytes = 1;
+        options.journal.commit_window = Duration::ZERO;
         RedbStore::open(&options).expect("open redb")
     })
     .await;
@@ -563,9 +563,9 @@ async fn redb_a_failing_checkpoint_refuses_saves_instead_of_holding_them() {
     let dir = tempfile::tempdir().unwrap();
     let failing = Arc::new(AtomicBool::new(true));
     let mut options = RedbStoreOptions::new(dir.path());
-    options.segment_bytes = 2 << 10;
-    options.backlog_bytes = BACKLOG;
-    options.commit_window = Duration::ZERO;
+    options.journal.segment_bytes = 2 << 10;
+    options.journal.backlog_bytes = BACKLOG;
+    options.journal.commit_window = Duration::ZERO;
     options.checkpoint_fault = Some(CheckpointFault(Arc::new({
         let failing = Arc::clone(&failing);
         move || failing.load(Ordering::SeqCst)

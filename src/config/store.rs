@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{PostgresOptions, RedbStoreOptions, RuntimeIdle};
+use crate::store::{JournalOptions, PostgresOptions, RedbStoreOptions, RuntimeIdle};
 
 /// `[store]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -14,25 +14,12 @@ use crate::store::{PostgresOptions, RedbStoreOptions, RuntimeIdle};
 pub struct StoreConfig {
     /// The directory of the embedded store (created if missing).
     pub data_dir: PathBuf,
-    /// The most decisions one group commit (one fsync) carries; 1 commits
-    /// each decision alone. 1 to 65536.
-    pub max_batch: usize,
-    /// Under load, how long from the start of one group commit the next may
-    /// wait for decisions to share its fsync (see `RedbStoreOptions`).
-    #[serde(with = "super::duration")]
-    pub commit_window: Duration,
-    /// A journal segment this large (bytes) is checkpointed into the
-    /// database; decisions waiting for a checkpoint are held in memory.
-    /// 1 KiB to 1 GiB.
-    pub journal_segment_bytes: u64,
-    /// A journal segment older than this is checkpointed even when small.
-    #[serde(with = "super::duration")]
-    pub journal_segment_age: Duration,
-    /// Journal bytes waiting for a checkpoint past which saves are refused
-    /// (`UNAVAILABLE`, `store_backlogged`) until checkpoints catch up: the
-    /// bound on memory and disk when checkpoints fail or fall behind. At
-    /// least two segments are always allowed.
-    pub backlog_bytes: u64,
+    /// How decisions are grouped into commits and when the journal is
+    /// checkpointed: `max_batch`, `commit_window`, `journal_segment_bytes`,
+    /// `journal_segment_age`, `backlog_bytes`, declared in
+    /// [`JournalOptions`]. PostgreSQL reads `max_batch` too.
+    #[serde(flatten)]
+    pub journal: JournalOptions,
     /// How long closed (or expired) activities are kept.
     #[serde(with = "super::duration")]
     pub retention: Duration,
@@ -73,14 +60,9 @@ pub const DEFAULT_DATA_DIR: &str = "retry-budget-data";
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        let store = RedbStoreOptions::new(DEFAULT_DATA_DIR);
         Self {
-            journal_segment_bytes: store.segment_bytes,
-            journal_segment_age: store.segment_age,
-            backlog_bytes: store.backlog_bytes,
-            max_batch: store.max_batch,
-            commit_window: store.commit_window,
-            data_dir: store.data_dir,
+            data_dir: DEFAULT_DATA_DIR.into(),
+            journal: JournalOptions::default(),
             retention: Duration::from_secs(7 * 24 * 3600),
             sweep_interval: Duration::from_secs(60),
             postgres_url: None,
@@ -110,7 +92,7 @@ impl StoreConfig {
                 url: url.clone(),
                 pool_size: self.pool_size,
                 timeout: self.db_timeout,
-                max_batch: self.max_batch,
+                max_batch: self.journal.max_batch,
                 ca_file: self.db_ca_file.clone(),
             }),
             None => Backend::Embedded(self.redb_options()),
@@ -119,14 +101,11 @@ impl StoreConfig {
 
     /// The embedded store's settings (also what `migrate` reads from).
     pub fn redb_options(&self) -> RedbStoreOptions {
-        let mut options = RedbStoreOptions::new(&self.data_dir);
-        options.max_batch = self.max_batch;
-        options.commit_window = self.commit_window;
-        options.segment_bytes = self.journal_segment_bytes;
-        options.segment_age = self.journal_segment_age;
-        options.backlog_bytes = self.backlog_bytes;
-        options.runtime_idle.clone_from(&self.runtime_idle);
-        options
+        RedbStoreOptions {
+            journal: self.journal.clone(),
+            runtime_idle: self.runtime_idle.clone(),
+            ..RedbStoreOptions::new(&self.data_dir)
+        }
     }
 }
 

@@ -83,28 +83,30 @@ pub use gate::RuntimeIdle;
 /// The file name of the database inside the data directory.
 pub const DB_FILE: &str = "retry-budget.redb";
 
-/// How the redb store is opened.
-#[derive(Debug, Clone)]
-pub struct RedbStoreOptions {
-    /// The directory that holds the database file and the journal; created
-    /// if missing.
-    pub data_dir: PathBuf,
-    /// The most saves one journal `fdatasync` may carry.
+/// How the journal groups saves into commits and when a segment is
+/// checkpointed: the `[store]` keys the embedded store reads (the file's
+/// names in serde's), each declared and given its default here once.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct JournalOptions {
+    /// The most saves one journal `fdatasync` may carry; 1 commits each
+    /// save alone. 1 to 65536.
     pub max_batch: usize,
     /// Under load (the last group carried more than one save), how long
     /// from the start of one group commit the next may wait for saves to
     /// share its fsync; it starts sooner once as many saves wait as recent
     /// groups carried. A save that arrives alone is committed at once. Zero
     /// commits as soon as the previous fsync returns.
+    #[serde(with = "crate::setting::duration")]
     pub commit_window: Duration,
-    /// redb's page cache, in bytes.
-    pub cache_bytes: usize,
     /// A journal segment this large is checkpointed into redb. Records
     /// waiting for a checkpoint are held in memory: those of the segment
-    /// being written and of the one being checkpointed.
+    /// being written and of the one being checkpointed. 1 KiB to 1 GiB.
+    #[serde(rename = "journal_segment_bytes")]
     pub segment_bytes: u64,
     /// A segment older than this is checkpointed even when small, so that
     /// redb alone is never far behind and recovery replays little.
+    #[serde(rename = "journal_segment_age", with = "crate::setting::duration")]
     pub segment_age: Duration,
     /// Journal bytes waiting for a checkpoint (the segment being written and
     /// the one being checkpointed) from which saves are refused with
@@ -113,6 +115,37 @@ pub struct RedbStoreOptions {
     /// `segment_bytes` is used, so that a segment can always be frozen
     /// before saves are refused.
     pub backlog_bytes: u64,
+}
+
+impl Default for JournalOptions {
+    /// Groups of up to 1024 saves, a 2 ms commit window, 8 MiB or 5 s
+    /// segments, saves refused from 24 MiB waiting for a checkpoint (three
+    /// segments). The records waiting take several times their journal
+    /// bytes in memory (decoded in the overlay, and again as the
+    /// checkpoint's redb pages), so the bound is kept small enough for a
+    /// server writing at full speed to stay under 256 MiB; checkpoints keep
+    /// up with smaller segments as well.
+    fn default() -> Self {
+        Self {
+            max_batch: 1024,
+            commit_window: Duration::from_millis(2),
+            segment_bytes: 8 << 20,
+            segment_age: Duration::from_secs(5),
+            backlog_bytes: 24 << 20,
+        }
+    }
+}
+
+/// How the redb store is opened.
+#[derive(Debug, Clone)]
+pub struct RedbStoreOptions {
+    /// The directory that holds the database file and the journal; created
+    /// if missing.
+    pub data_dir: PathBuf,
+    /// How saves are grouped and checkpointed.
+    pub journal: JournalOptions,
+    /// redb's page cache, in bytes.
+    pub cache_bytes: usize,
     /// Checkpoint everything when the store closes, leaving no journal. Only
     /// tests turn it off, to leave a journal behind as a crash would.
     pub checkpoint_on_close: bool,
@@ -127,23 +160,13 @@ pub struct RedbStoreOptions {
 }
 
 impl RedbStoreOptions {
-    /// Defaults for a data directory: groups of up to 1024 saves, a 2 ms
-    /// commit window, 64 MiB of redb cache, 8 MiB or 5 s segments, saves
-    /// refused from 24 MiB waiting for a checkpoint (three segments). The
-    /// records waiting take several times their journal bytes in memory
-    /// (decoded in the overlay, and again as the checkpoint's redb pages),
-    /// so the bound is kept small enough for a server writing at full speed
-    /// to stay under 256 MiB (`benches/rss.sh`); checkpoints keep up with
-    /// smaller segments as well.
+    /// Defaults for a data directory: the journal's ([`JournalOptions`]) and
+    /// 64 MiB of redb cache.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
-            max_batch: 1024,
-            commit_window: Duration::from_millis(2),
+            journal: JournalOptions::default(),
             cache_bytes: 64 << 20,
-            segment_bytes: 8 << 20,
-            segment_age: Duration::from_secs(5),
-            backlog_bytes: 24 << 20,
             checkpoint_on_close: true,
             runtime_idle: None,
             checkpoint_fault: None,
@@ -286,7 +309,8 @@ impl RedbStore {
         txn.commit().map_err(backend(CREATE))?;
         let next_generation = recovery::recover(&db, dir)?;
         journal::discard_spare(dir).map_err(backend("delete an earlier run's spare segment"))?;
-        let backlog = options.backlog_bytes.max(2 * options.segment_bytes.max(1));
+        let journal = &options.journal;
+        let backlog = journal.backlog_bytes.max(2 * journal.segment_bytes.max(1));
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(Arc::new(
                 snapshot(&db).map_err(backend("read the database"))?,

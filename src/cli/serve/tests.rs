@@ -20,8 +20,8 @@ fn no_flag_keeps_the_one_default_and_flags_reach_their_keys() {
     assert_eq!(config.to_toml(), defaults.to_toml());
     let store = crate::store::RedbStoreOptions::new("x");
     assert_eq!(
-        config.store.redb_options().segment_bytes,
-        store.segment_bytes
+        config.store.redb_options().journal.segment_bytes,
+        store.journal.segment_bytes
     );
 
     let config = parsed(&[
@@ -33,8 +33,8 @@ fn no_flag_keeps_the_one_default_and_flags_reach_their_keys() {
         "10m",
     ])
     .unwrap();
-    assert_eq!(config.store.redb_options().segment_bytes, 64 << 20);
-    assert_eq!(config.store.journal_segment_age, Duration::from_secs(30));
+    assert_eq!(config.store.redb_options().journal.segment_bytes, 64 << 20);
+    assert_eq!(config.store.journal.segment_age, Duration::from_secs(30));
     assert_eq!(config.policy.policy().deadline_seconds, 600);
 
     let config = parsed(&[
@@ -103,7 +103,7 @@ fn flags_override_the_file_which_overrides_the_defaults() {
     assert_eq!((config.bucket.rate, config.bucket.burst), (7.0, 50));
     assert_eq!(config.bucket.weights.get("a"), Some(&2));
     assert_eq!(config.bucket.weights.get("b"), Some(&3));
-    assert_eq!(config.store.max_batch, 8);
+    assert_eq!(config.store.journal.max_batch, 8);
     assert_eq!(
         config.server.drain_delay,
         Config::default().server.drain_delay

@@ -109,16 +109,16 @@ impl WriterHandle {
         let writer = Writer {
             shared,
             segment,
-            due: Instant::now() + options.segment_age,
-            max_batch: options.max_batch.max(1),
-            segment_bytes: options.segment_bytes.max(1),
-            segment_age: options.segment_age,
+            due: Instant::now() + options.journal.segment_age,
+            max_batch: options.journal.max_batch.max(1),
+            segment_bytes: options.journal.segment_bytes.max(1),
+            segment_age: options.journal.segment_age,
             checkpoint_on_close: options.checkpoint_on_close,
             frozen_tx: Some(frozen_tx),
             checkpointer: Some(checkpointer),
             closing,
             failed: None,
-            window: options.commit_window,
+            window: options.journal.commit_window,
             acks: Vec::new(),
             replaced: Vec::new(),
             window_from: None,
@@ -174,7 +174,7 @@ struct Writer {
     /// (a failed `fdatasync` may have dropped pages), so no later save may be
     /// acknowledged on top of it. A restart replays what is intact.
     failed: Option<WriteError>,
-    /// See [`RedbStoreOptions::commit_window`].
+    /// See [`JournalOptions::commit_window`](super::JournalOptions::commit_window).
     window: Duration,
     /// When the last group commit started, if it carried more than one save.
     window_from: Option<Instant>,

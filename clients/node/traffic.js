@@ -147,19 +147,25 @@ export class TrafficReporter {
 
   count(dependency, calls, successes, failures) {
     if (!this.enabled || this.closed) return;
-    let c = this.counts.get(dependency);
+    if (!this.merge(dependency, calls, successes, failures)) {
+      this.drop(dependency);
+      return;
+    }
+    this.start();
+  }
+
+  /** Adds counts to `name`'s; false, counting nothing, when `name` is new and the bound is reached. */
+  merge(name, calls, successes, failures) {
+    let c = this.counts.get(name);
     if (!c) {
-      if (this.counts.size >= this.maxDependencies) {
-        this.drop(dependency);
-        return;
-      }
+      if (this.counts.size >= this.maxDependencies) return false;
       c = [0n, 0n, 0n];
-      this.counts.set(dependency, c);
+      this.counts.set(name, c);
     }
     c[0] = add(c[0], calls);
     c[1] = add(c[1], successes);
     c[2] = add(c[2], failures);
-    this.start();
+    return true;
   }
 
   drop(dependency) {
@@ -284,18 +290,7 @@ export class TrafficReporter {
   /** Puts a batch that was not sent back with what was counted since, within the bound. */
   keep(batch) {
     for (const [name, [calls, successes, failures]] of batch) {
-      let c = this.counts.get(name);
-      if (!c) {
-        if (this.counts.size >= this.maxDependencies) {
-          this.dropped += Number(calls);
-          continue;
-        }
-        c = [0n, 0n, 0n];
-        this.counts.set(name, c);
-      }
-      c[0] = add(c[0], calls);
-      c[1] = add(c[1], successes);
-      c[2] = add(c[2], failures);
+      if (!this.merge(name, calls, successes, failures)) this.dropped += Number(calls);
     }
   }
 

@@ -17,18 +17,16 @@
 //! split among the others, and a tenant arriving in the middle of a flood
 //! gets a token within one interval of its share.
 //!
-//! # Why a deferral books a slot
+//! # Why a deferral takes a place in line
 //! Refusing a retry and letting the caller ask again at once turns the
-//! limiter into a busy loop. So when no token is free, the bucket books the
-//! tenant's next free slot and says how long to wait; the activity records
-//! the reservation and, asked again at that time, is granted without asking
-//! the bucket. Slots of one tenant are one share interval apart, so a burst
-//! of deferrals wakes spread out, not all at once. How far ahead a slot may
-//! be booked is bounded (`max_reservation`), which also bounds how far the
-//! bucket may promise beyond its rate: see `docs/fairness.md`. Past that
-//! horizon a request is refused, nothing booked, and told when its turn to
-//! ask again comes, one share interval after the previous refused request
-//! of its tenant: it asks about twice, not in a loop.
+//! limiter into a busy loop; booking it a slot far ahead locks it into a
+//! turn it may no longer need once the dependency recovers. So a durable
+//! retry with no token takes a place in its tenant's line of the
+//! dependency, by the time of its first deferral, and is told to ask again
+//! when its turn should come, never further than `max_deferral` ahead. The
+//! tokens the tenant's share brings go to the places oldest first, before
+//! the tenant's fresh failures; a worker asking again after the pace rose
+//! is told its new, sooner turn.
 //!
 //! # Layout
 //! - [`config`]: [`BucketConfig`], its defaults and validation.
@@ -36,15 +34,19 @@
 //!   is given (at start-up, by a reload, or by the replicas' coordination).
 //! - `fair`: [`FairShares`], the algorithm, pure (time is a parameter).
 //! - `tenants`: the bounded table of tenants behind it.
+//! - [`pace`] and `health`: a dependency's pace, from what the service sees
+//!   of it and what its tenants report.
+//! - `line`: a tenant's line of deferred retries to a dependency.
+//! - `dependencies`: every dependency's budget, nested in the global one.
 //! - `handle`: [`FairBucket`], the shared, locked, clocked bucket.
-//! - `gate`: [`Gate`], what the layer hands every request.
-//! - `layer` and `service`: [`RetryTokenLayer`] and [`RetryToken`].
+//! - `gate` and `layer`: [`TenantGate`], what [`RetryTokenLayer`] hands
+//!   every call that spends budget.
 //! - `stats`: [`BucketStats`], counters for metrics.
 //!
-//! The handler's side, in short: take the request's [`Gate`] from its
-//! extensions and give the decision [`Gate::tenant`]; the decision asks it
-//! once, only for a retry, with the time left before the activity's
-//! deadline. Nothing is taken before, so nothing is given back.
+//! The handler's side, in short: take the call's [`TenantGate`] from its
+//! extensions and give the decision [`TenantGate::dependency`]; the
+//! decision asks it once, only for a retry. Nothing is taken before, so
+//! nothing is given back.
 
 mod capacity;
 pub mod config;
@@ -52,25 +54,29 @@ mod dependencies;
 mod fair;
 mod gate;
 mod handle;
+pub mod health;
 mod layer;
+mod line;
 pub mod pace;
-mod service;
+mod reports;
 mod stats;
 mod tenants;
 
 pub use capacity::Capacity;
 pub use config::{BucketConfig, BucketConfigError, BucketMode};
-pub use dependencies::{Dependencies, DependencyCounters, DependencyReport, DependencyStats};
-pub use fair::{Admission, FairShares, Grant};
-pub use gate::{Gate, TenantGate};
+pub use dependencies::{
+    DependencyCounters, DependencyReport, DependencyStats, MAX_TENANTS_PER_DEPENDENCY,
+};
+pub use fair::{Booking, FairShares, Grant};
+pub use gate::{DependencyGate, TenantGate};
 pub use handle::FairBucket;
-pub use layer::RetryTokenLayer;
-pub use pace::{DEFAULT_DEPENDENCY, DependenciesConfig, PaceConfig};
-pub use service::{DEFAULT_TENANT, RetryToken, TENANT_HEADER};
-pub use stats::{BucketStats, TenantStats};
+pub use layer::{RetryToken, RetryTokenLayer};
+pub use pace::{DEFAULT_DEPENDENCY, DependenciesConfig, OVERFLOW_DEPENDENCY, PaceConfig};
+pub use stats::{BucketStats, DEFER_REASONS, TenantStats};
 pub use tenants::OVERFLOW_TENANT;
 
 pub use crate::budget::codes::{
     DEPENDENCY_BUDGET_EXHAUSTED, GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT,
     TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED,
 };
+pub use crate::budget::tenant::{DEFAULT_TENANT, TENANT_HEADER};

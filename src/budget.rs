@@ -8,7 +8,9 @@
 //! - [`classify`]: a raw failure to its class, by rules.
 //! - [`decision`]: the one decision on a failed attempt that both forms of
 //!   `NextAction` make, and what the global token's answer does to it.
-//! - [`token`]: that answer ([`Admission`]) and the [`TokenGate`] asked.
+//! - [`token`]: that answer ([`Admission`]), how a retry is paid, and the
+//!   [`TokenGate`] asked.
+//! - [`traffic`]: a worker's traffic report, checked.
 //! - [`activity`]: the durable state machine that owns an activity's budget:
 //!   given the recorded activity and a new failure report, the decision and
 //!   the new record.
@@ -32,6 +34,7 @@ pub mod record;
 pub mod tenant;
 pub mod timestamp;
 pub mod token;
+pub mod traffic;
 
 pub use action::{Action, Budget, ErrorClass, explain, next_action};
 pub use delay::{Delay, DelayParams, retry_delay};

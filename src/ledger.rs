@@ -32,6 +32,7 @@ pub enum LedgerError {
     Store(#[from] StoreError),
 }
 
+use crate::budget::token::{Answer, Ask, Observed};
 pub use crate::budget::token::{TokenGate, Unlimited};
 
 /// A decision as the caller sees it.
@@ -51,14 +52,18 @@ pub struct Decided {
 }
 
 /// What `record_success` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SuccessOutcome {
     /// The ledger holds no such activity (it never failed): nothing to close.
     Unknown,
     /// The activity was already closed; nothing changed.
     AlreadyClosed,
     /// The activity is now closed as succeeded.
-    Closed,
+    Closed {
+        /// The place in line its deferred attempt held, and the dependency
+        /// of that line (`None`: the default one), now given up.
+        left_line: Option<(Option<String>, i64)>,
+    },
 }
 
 /// How many times in a row an operation is decided again after another
@@ -74,35 +79,39 @@ fn lost_race(error: &LedgerError) -> bool {
 }
 
 /// A gate asked at most once however many times a decision is taken again
-/// after a lost race: the answer it gave the first time stands. A token
-/// taken for a decision that then turns out to be the winner's replay stays
-/// spent: a lost race costs its tenant at most one token, erring towards
-/// fewer retries, never more.
+/// after a lost race: the answer it gave the first time stands, and the
+/// failure is counted once. A token taken for a decision that then turns
+/// out to be the winner's replay stays spent: a lost race costs its tenant
+/// at most one token, erring towards fewer retries, never more.
 struct Remembered<G> {
-    gate: Option<G>,
-    answer: Option<crate::budget::token::Answer>,
+    gate: G,
+    answer: Option<Answer>,
+    observed: bool,
 }
 
 impl<G> Remembered<G> {
     fn new(gate: G) -> Self {
         Self {
-            gate: Some(gate),
+            gate,
             answer: None,
+            observed: false,
         }
     }
 }
 
-impl<G: TokenGate> TokenGate for &mut Remembered<G> {
-    fn take(self, max_wait: std::time::Duration) -> crate::budget::token::Answer {
-        if let Some(answer) = self.answer {
-            return answer;
+impl<G: TokenGate> TokenGate for Remembered<G> {
+    fn take(&mut self, ask: &Ask<'_>) -> Answer {
+        *self.answer.get_or_insert_with(|| self.gate.take(ask))
+    }
+
+    fn observe(&mut self, observed: Observed) {
+        if !std::mem::replace(&mut self.observed, true) {
+            self.gate.observe(observed);
         }
-        let answer = match Option::take(&mut self.gate) {
-            Some(gate) => gate.take(max_wait),
-            None => crate::budget::token::Admission::Granted.into(),
-        };
-        self.answer = Some(answer);
-        answer
+    }
+
+    fn leave(&mut self, activity_id: &str, waiting_since_ms: i64) {
+        self.gate.leave(activity_id, waiting_since_ms);
     }
 }
 
@@ -229,6 +238,7 @@ impl<S: Store> Ledger<S> {
                 if !dry_run {
                     draft.take_token(gate, now_ms);
                 }
+                let write = !dry_run && draft.needs_write();
                 let (record, event) = draft.finish();
                 let decided = Decided {
                     policy_conflict: conflict(&record.policy),
@@ -237,7 +247,7 @@ impl<S: Store> Ledger<S> {
                     policy: record.policy,
                     replayed: false,
                 };
-                Ok((decided, (!dry_run).then_some((record, replaces))))
+                Ok((decided, write.then_some((record, replaces))))
             }
         }
     }
@@ -272,11 +282,21 @@ impl<S: Store> Ledger<S> {
             return Ok(SuccessOutcome::Unknown);
         };
         let replaces = Replaced::of(&previous);
+        let left_line = previous.deferral.and_then(|d| {
+            let since = d.waiting_since_ms?;
+            let dependency = previous
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.kind == crate::budget::activity::EventKind::Decision)
+                .and_then(|e| e.dependency.clone());
+            Some((dependency, since))
+        });
         match activity::record_success(previous, occurred_at_ms, now_ms) {
             None => Ok(SuccessOutcome::AlreadyClosed),
             Some(record) => {
                 self.store.save(record, Some(replaces)).await?;
-                Ok(SuccessOutcome::Closed)
+                Ok(SuccessOutcome::Closed { left_line })
             }
         }
     }

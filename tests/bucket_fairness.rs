@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use retry_budget::bucket::{Admission, BucketConfig, FairShares};
+use retry_budget::bucket::{Booking, BucketConfig, FairShares};
 
 /// One simulated tenant.
 struct Tenant {
@@ -111,15 +111,14 @@ fn simulate(config: &BucketConfig, tenants: &[Tenant], end: Duration) -> Run {
             Event::Again(i) => i,
         };
         match shares.admit(tenants[i].name, Duration::from_nanos(now), Duration::MAX) {
-            Admission::Granted => run.uses[i].push(now),
-            Admission::Deferred { wait, .. } => run.uses[i].push(now + wait.as_nanos() as u64),
-            Admission::Refused { retry_after, .. } => {
+            Booking::Granted => run.uses[i].push(now),
+            Booking::Booked { wait, .. } => run.uses[i].push(now + wait.as_nanos() as u64),
+            Booking::Refused { retry_after, .. } => {
                 events.push(Reverse((
                     now + retry_after.as_nanos() as u64,
                     Event::Again(i),
                 )));
             }
-            Admission::WouldDefer { .. } => unreachable!("the algorithm itself never shadows"),
         }
     }
     check_global_bound(config, &mut run);

@@ -451,9 +451,9 @@ async fn token_taken_is_true_only_for_the_call_that_took_the_token() {
         "history kept"
     );
 
-    // The bucket is empty: a deferral with a booked slot is not a token.
-    // Its failure is 10 s old, so the slot, not the planned start (1 s
-    // after the failure), sets not_before.
+    // The bucket is empty: a deferral holding a place is not a token. Its
+    // failure is 10 s old, so its turn, not the planned start (1 s after
+    // the failure), sets not_before.
     let mut report_b = booked("tok-b", 1);
     report_b.occurred_at = Some(ts(now_ms() - 10_000));
     let b = client.next_action(report_b).await.unwrap().into_inner();
@@ -462,14 +462,14 @@ async fn token_taken_is_true_only_for_the_call_that_took_the_token() {
     let b_at = common::ms(b.not_before.as_ref().unwrap());
     let wait = b_at - now_ms();
     assert!(
-        b.reason.contains("from now"),
-        "the slot set not_before: {}",
+        b.reason.contains("ask again in"),
+        "the turn set not_before: {}",
         b.reason
     );
     assert!(wait > 0 && wait <= 1000, "{wait}");
     let event = &get(&mut client, "tok-b").await.events[0];
     assert!(event.slot_booked && !event.token_taken);
-    // Asked again early: the same deferral, still booked, still no token.
+    // Asked again early: the same deferral, its place held, still no token.
     let early = client
         .next_action(booked("tok-b", 1))
         .await

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use retry_budget::bucket::{Admission, BucketConfig, FairShares};
+use retry_budget::bucket::{Booking, BucketConfig, FairShares};
 use retry_budget::budget::delay::{DelayParams, retry_delay};
 
 const ACTIVITIES: usize = 10_000;
@@ -93,10 +93,9 @@ fn a_burst_of_deferrals_wakes_spread() {
     for i in 0..ACTIVITIES {
         let tenant = tenants[i % tenants.len()];
         match shares.admit(tenant, now, Duration::MAX) {
-            Admission::Granted => granted += 1,
-            Admission::Deferred { wait, .. } => booked.entry(tenant).or_default().push(wait),
-            Admission::Refused { retry_after, .. } => refused.push((retry_after, tenant)),
-            Admission::WouldDefer { .. } => unreachable!("the algorithm itself never shadows"),
+            Booking::Granted => granted += 1,
+            Booking::Booked { wait, .. } => booked.entry(tenant).or_default().push(wait),
+            Booking::Refused { retry_after, .. } => refused.push((retry_after, tenant)),
         }
     }
     // Booked slots (when the retries run) and refusals' turns (when the
@@ -140,12 +139,11 @@ fn a_burst_of_deferrals_wakes_spread() {
         for (at, tenant) in pending {
             asks += 1;
             match shares.admit(tenant, at, Duration::MAX) {
-                Admission::Granted => uses.push((at - now).as_millis() as u64),
-                Admission::Deferred { wait, .. } => {
+                Booking::Granted => uses.push((at - now).as_millis() as u64),
+                Booking::Booked { wait, .. } => {
                     uses.push((at + wait - now).as_millis() as u64);
                 }
-                Admission::Refused { retry_after, .. } => next.push((at + retry_after, tenant)),
-                Admission::WouldDefer { .. } => unreachable!("the algorithm itself never shadows"),
+                Booking::Refused { retry_after, .. } => next.push((at + retry_after, tenant)),
             }
         }
         pending = next;

@@ -2,7 +2,7 @@
 //! histories of one activity (reports in order, replays of earlier
 //! attempts, skipped attempts, every class, server hints, logical times and
 //! service clock readings that jump about, tokens granted or deferred with
-//! a booked or unbooked slot, successes and resolutions), each step checked
+//! or without a place in line, successes and resolutions), each step checked
 //! against an oracle written from the module's documentation:
 //!
 //! - attempts never go back, and history is only ever appended to;
@@ -28,7 +28,8 @@ use retry_budget::budget::activity::{
     Report, Resolution, Status,
 };
 use retry_budget::budget::hint::RawHints;
-use retry_budget::budget::{Action, Admission, ErrorClass};
+use retry_budget::budget::token::{Answer, Ask, Observed};
+use retry_budget::budget::{Action, Admission, ErrorClass, TokenGate};
 use retry_budget::store::codec::{decode, encode_into};
 
 /// The service clock at the start of every history, unix milliseconds.
@@ -72,10 +73,11 @@ enum Which {
 #[derive(Debug, Clone, Copy)]
 enum Token {
     Grant,
-    /// A slot booked this many thousandths of the time left before the
-    /// deadline (plus 10 s) from now: past 1000, a slot too late.
+    /// Deferred, holding a place in line, to ask again this many
+    /// thousandths of the time left before the deadline (plus 10 s) from
+    /// now: past 1000, a turn later than the deadline.
     Booked(i64),
-    /// The same, without a booking.
+    /// The same, without a place.
     Unbooked(i64),
 }
 
@@ -141,6 +143,9 @@ enum Outcome {
     Replayed(Arc<Event>),
     /// A fresh decision: the new record and the event.
     Decided(ActivityRecord, Arc<Event>),
+    /// A deferred attempt asked again and deferred again: the event, and
+    /// nothing to write.
+    Redeferred(Arc<Event>),
     /// A success or resolution: the new record.
     Changed(ActivityRecord),
     /// A success on a closed or unknown activity, or a resolution of an
@@ -187,34 +192,9 @@ fn apply(record: Option<&ActivityRecord>, step: &Abs) -> Outcome {
                 Err(e) => Outcome::Refused(e),
                 Ok(Plan::Replay(replay)) => Outcome::Replayed(replay.event),
                 Ok(Plan::Fresh(mut draft)) => {
-                    let booked_slot = record
-                        .and_then(|r| r.reservation)
-                        .filter(|r| r.attempt == *attempt && r.booked && *now >= r.not_before_ms);
-                    if booked_slot.is_some() {
-                        assert!(
-                            !draft.wants_token(),
-                            "a booked slot pays for the retry: no new token"
-                        );
-                    }
-                    if draft.wants_token() {
-                        // The bucket answers with a wait from now; slots
-                        // are drawn at or after now.
-                        let admission = match token {
-                            AbsToken::Grant => Admission::Granted,
-                            AbsToken::Defer { slot_ms, booked } => {
-                                let wait = Duration::from_millis((*slot_ms - *now).max(0) as u64);
-                                let reason = "global_capacity_exhausted";
-                                if *booked {
-                                    Admission::Deferred { wait, reason }
-                                } else {
-                                    Admission::Refused {
-                                        retry_after: wait,
-                                        reason,
-                                    }
-                                }
-                            }
-                        };
-                        draft.settle(admission, *now);
+                    draft.take_token(Scripted(*token), *now);
+                    if !draft.needs_write() {
+                        return Outcome::Redeferred(draft.finish().1);
                     }
                     let (record, event) = draft.finish();
                     Outcome::Decided(record, event)
@@ -239,6 +219,27 @@ fn apply(record: Option<&ActivityRecord>, step: &Abs) -> Outcome {
             },
         },
     }
+}
+
+/// A budget answering as a step says: a token, or a deferral to a time,
+/// holding a place in line (dated at its first deferral) or not.
+struct Scripted(AbsToken);
+
+impl TokenGate for Scripted {
+    fn take(&mut self, ask: &Ask<'_>) -> Answer {
+        match self.0 {
+            AbsToken::Grant => Admission::Granted,
+            AbsToken::Defer { slot_ms, booked } => Admission::Deferred {
+                wait: Duration::from_millis((slot_ms - ask.now_ms).max(0) as u64),
+                reason: "global_capacity_exhausted",
+                // A place, once taken, is kept.
+                waiting_since_ms: ask.waiting_since_ms.or(booked.then_some(ask.now_ms)),
+            },
+        }
+        .into()
+    }
+
+    fn observe(&mut self, _observed: Observed) {}
 }
 
 /// What the documentation says a report must get, before it is planned.
@@ -308,14 +309,14 @@ impl Model {
                 got: attempt,
             });
         }
-        if let Some(r) = record.reservation
+        if let Some(r) = record.deferral
             && r.attempt == attempt
             && *now < r.not_before_ms
         {
             return Expected::Replay(Arc::clone(
                 self.deferral
                     .as_ref()
-                    .expect("a reservation has its deferral"),
+                    .expect("a pending deferral has its event"),
             ));
         }
         let occurred = occurred_at_ms.unwrap_or(*now);
@@ -441,8 +442,8 @@ fn check_replays(record: &ActivityRecord, model: &Model, now: i64) {
 }
 
 /// Runs a history, checking every step; returns what each step did, by its
-/// code (`replayed`, `nothing`, or `redeemed_booked_slot` for a retry paid
-/// by a booked slot).
+/// code (`replayed`, `nothing`, `turn_came` for a retry whose turn in line
+/// came, `deferred_again` for a deferral asked again and deferred again).
 fn run(steps: &[Step]) -> Vec<String> {
     let mut record: Option<ActivityRecord> = None;
     let mut model = Model::default();
@@ -491,6 +492,28 @@ fn run(steps: &[Step]) -> Vec<String> {
                 }
                 record = Some(new);
             }
+            (
+                Abs::Report { attempt, now, .. },
+                Some(Expected::Fresh),
+                Outcome::Redeferred(event),
+            ) => {
+                let pending = before
+                    .as_ref()
+                    .and_then(|r| r.deferral)
+                    .expect("only a deferred attempt asked again is deferred again");
+                assert_eq!(pending.attempt, *attempt);
+                assert!(*now >= pending.not_before_ms);
+                assert_eq!(event.action, Some(Action::Deferred));
+                assert_eq!(
+                    event.payment.place(),
+                    pending.waiting_since_ms,
+                    "its place kept"
+                );
+                let deadline = before
+                    .as_ref()
+                    .map_or(0, |r| r.started_at_ms + deadline_ms(&r.policy));
+                assert!(event.not_before_ms.unwrap() <= deadline);
+            }
             (Abs::Success { .. }, None, outcome) => {
                 let was = before.as_ref().map(|r| r.status);
                 match outcome {
@@ -502,7 +525,7 @@ fn run(steps: &[Step]) -> Vec<String> {
                         assert_ne!(was, Some(Status::Closed));
                         assert_eq!(new.status, Status::Closed);
                         assert_eq!(new.closed_code.as_deref(), Some("succeeded"));
-                        assert_eq!(new.reservation, None);
+                        assert_eq!(new.deferral, None);
                         assert_eq!(new.events.last().unwrap().kind, EventKind::Success);
                         record = Some(new);
                     }
@@ -579,9 +602,10 @@ fn label(outcome: &Outcome) -> String {
     match outcome {
         Outcome::Refused(e) => e.code().to_owned(),
         Outcome::Replayed(_) => "replayed".to_owned(),
-        Outcome::Decided(_, e) if e.reason.contains("booked when it was deferred") => {
-            "redeemed_booked_slot".to_owned()
+        Outcome::Decided(_, e) if e.reason.contains("its turn in line came") => {
+            "turn_came".to_owned()
         }
+        Outcome::Redeferred(_) => "deferred_again".to_owned(),
         Outcome::Decided(_, e) => e.code.clone(),
         Outcome::Changed(r) => r.events.last().expect("a transition").code.clone(),
         Outcome::Nothing => "nothing".to_owned(),
@@ -612,9 +636,9 @@ fn check_decision(
                 "a retry planned at {not_before}, past the deadline {deadline}: {event:?}"
             );
             assert!(not_before >= event.occurred_at_ms);
-            assert!(event.token_taken, "a retry holds a token");
+            assert!(event.payment.is_token(), "a retry holds a token");
             assert_eq!((new.attempts, new.status), (attempt, Status::Open));
-            assert_eq!(new.reservation, None);
+            assert_eq!(new.deferral, None);
         }
         Action::Deferred => {
             let not_before = event.not_before_ms.expect("a deferral has a time");
@@ -627,13 +651,13 @@ fn check_decision(
                 "a deferral consumes no attempt"
             );
             assert_eq!(new.status, Status::Open);
-            let reservation = new.reservation.expect("a deferral reserves");
+            let deferral = new.deferral.expect("a deferral is pending");
             assert_eq!(
-                (reservation.attempt, reservation.not_before_ms),
+                (deferral.attempt, deferral.not_before_ms),
                 (attempt, not_before)
             );
-            assert_eq!(reservation.booked, event.slot_booked);
-            assert!(!event.token_taken, "a deferral holds no token yet");
+            assert_eq!(deferral.waiting_since_ms, event.payment.place());
+            assert!(!event.payment.is_token(), "a deferral holds no token yet");
         }
         Action::ManualReview => {
             assert_eq!((new.attempts, new.status), (attempt, Status::Parked));
@@ -644,14 +668,20 @@ fn check_decision(
             assert_eq!(new.closed_code.as_deref(), Some(action.code()));
             assert_eq!(new.closed_at_ms, Some(now));
             assert!(event.not_before_ms.is_none());
-            assert_eq!(new.reservation, None);
+            assert_eq!(new.deferral, None);
         }
     }
     if action != Action::ScheduleRetry && action != Action::Deferred {
-        assert!(!event.token_taken, "only a retry takes a token: {event:?}");
+        assert!(
+            !event.payment.is_token(),
+            "only a retry takes a token: {event:?}"
+        );
     }
     if action != Action::Deferred {
-        assert!(!event.slot_booked, "only a deferral books: {event:?}");
+        assert!(
+            event.payment.place().is_none(),
+            "only a deferral holds a place: {event:?}"
+        );
     }
 }
 
@@ -781,7 +811,8 @@ fn the_histories_reach_every_state() {
     for wanted in [
         "schedule_retry",
         "deferred",
-        "redeemed_booked_slot",
+        "turn_came",
+        "deferred_again",
         "deadline_exceeded",
         "attempts_exhausted",
         "fail_permanent",

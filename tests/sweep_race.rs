@@ -201,7 +201,7 @@ async fn a_success_whose_loaded_version_is_swept_keeps_its_close() {
         .await
         .expect("recorded on the version it loaded")
     };
-    assert_eq!(outcome, SuccessOutcome::Closed);
+    assert_eq!(outcome, SuccessOutcome::Closed { left_line: None });
     drop(store);
     let record = survives(dir.path(), ledger).await;
     assert_eq!(record.status, Status::Closed);

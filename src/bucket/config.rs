@@ -11,7 +11,8 @@
 //! rate = 100.0              # tokens a second
 //! burst = 100               # tokens that may pile up
 //! success_deposit = 0.1     # tokens back per recorded success (0: off)
-//! max_reservation_ms = 2000 # how far ahead a deferral may book a slot
+//! max_reservation_ms = 2000 # how far the bucket may run ahead for a tenant within its share
+//! max_deferral = "10s"      # how far ahead a deferral may point a worker
 //! max_tenants = 1024
 //! default_weight = 1
 //! weights = { acme = 2, batch = 1 }
@@ -39,6 +40,12 @@ pub const DEFAULT_WEIGHT: u32 = 1;
 pub const DEFAULT_MAX_TENANTS: usize = 1024;
 /// Default reservation horizon: two seconds.
 pub const DEFAULT_MAX_RESERVATION_MS: u64 = 2_000;
+/// Default deferral horizon: a deferred worker asks again within 10 s,
+/// one cheap call per horizon, and is never locked into a far turn.
+pub const DEFAULT_MAX_DEFERRAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Shortest and longest deferral horizon accepted.
+pub const MAX_DEFERRAL_RANGE: std::ops::RangeInclusive<std::time::Duration> =
+    std::time::Duration::from_millis(100)..=std::time::Duration::from_secs(3600);
 
 /// The bucket's configuration. Every field has a documented default.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -68,12 +75,18 @@ pub struct BucketConfig {
     /// computes every admission as it would but never defers: a retry it
     /// would have deferred goes ahead, marked `would_defer`, and is counted.
     pub mode: BucketMode,
-    /// How far ahead, in milliseconds, a deferral may book a tenant's slot.
-    /// It bounds both how long a booked retry waits and how far the bucket
-    /// may promise beyond its rate (see `docs/fairness.md`). At least one
+    /// How far ahead of its rate, in milliseconds, the bucket may run to
+    /// grant a tenant within its share at once while others flood it (the
+    /// over-commit is twice this; see `docs/fairness.md`). At least one
     /// token interval (`1000 / rate`). Default
     /// [`DEFAULT_MAX_RESERVATION_MS`].
     pub max_reservation_ms: u64,
+    /// The furthest a deferral points a worker ahead: its `not_before` is
+    /// at most this far away (jittered per activity between half of it and
+    /// all of it, so deferred workers do not wake together), and sooner
+    /// when its turn in line comes sooner. Default [`DEFAULT_MAX_DEFERRAL`].
+    #[serde(with = "crate::setting::duration")]
+    pub max_deferral: std::time::Duration,
 }
 
 impl Default for BucketConfig {
@@ -86,6 +99,7 @@ impl Default for BucketConfig {
             weights: BTreeMap::new(),
             max_tenants: DEFAULT_MAX_TENANTS,
             max_reservation_ms: DEFAULT_MAX_RESERVATION_MS,
+            max_deferral: DEFAULT_MAX_DEFERRAL,
             mode: BucketMode::Enforce,
         }
     }
@@ -144,6 +158,9 @@ pub enum BucketConfigError {
     #[error("max_tenants must be at most {max}, got {0}", max = u32::MAX / 2)]
     MaxTenantsTooLarge(usize),
     /// A horizon shorter than one token interval could book nothing.
+    /// The deferral horizon is outside 100 ms to 1 h.
+    #[error("max_deferral must be 100ms to 1h, got {0:?}")]
+    MaxDeferral(std::time::Duration),
     #[error(
         "max_reservation_ms must be at least one token interval ({min_ms} ms at this rate), got {got_ms}"
     )]
@@ -186,6 +203,9 @@ impl BucketConfig {
         }
         if self.max_tenants > (u32::MAX / 2) as usize {
             return Err(BucketConfigError::MaxTenantsTooLarge(self.max_tenants));
+        }
+        if !MAX_DEFERRAL_RANGE.contains(&self.max_deferral) {
+            return Err(BucketConfigError::MaxDeferral(self.max_deferral));
         }
         let min_ms = (1000.0 / self.rate).ceil() as u64;
         if self.max_reservation_ms < min_ms {

@@ -2,71 +2,65 @@
 //! parameter, as in [`FairShares`].
 //!
 //! # Nesting
-//! Each dependency has a bucket of its own ([`FairShares`]: its meter, and
-//! its tenants' weighted fair shares), paced by its health
-//! ([`PaceConfig::allowed`]). A retry asks its dependency's bucket first
-//! and the global one second:
-//! - the dependency refuses: nothing is taken from the global bucket, so a
-//!   dependency that is down never spends the capacity retries to healthy
-//!   ones need;
-//! - the dependency grants or books, the global bucket refuses: a token the
-//!   dependency granted now is given back; a slot it booked stays spent
-//!   (erring towards fewer retries, never more);
-//! - both grant or book: the retry waits for the later of the two.
+//! A retry takes a token from its dependency first, then from the global
+//! bucket:
+//! - from the dependency's *shared lane*, a [`FairShares`] at the allowance
+//!   its health sets (`super::health`), where tenants keep weighted fair
+//!   shares; or else from the tenant's *own lane*, earned by the successes
+//!   it reported (`ratio` of them), which no other tenant can use;
+//! - then from the global bucket; when it refuses, the dependency's token
+//!   goes back.
 //!
-//! So the retries of a dependency never exceed its own bound (its bucket's,
-//! `docs/fairness.md`), and all retries together never exceed the global
-//! bound.
+//! So a dependency that is down never spends the capacity retries to
+//! healthy ones need, the retries of a dependency never exceed its own
+//! lanes, and all retries together never exceed the global bound.
 //!
-//! # Pace
-//! A dependency's allowed rate is recomputed from its window of successes
-//! at most once a second, when it is asked or told of a success. On
-//! PostgreSQL the coordination sets it instead, from the fleet's successes
-//! and this replica's part of the demand ([`Dependencies::set_grant`]).
+//! # Lines
+//! A durable retry that gets no token takes a place in its tenant's line
+//! of the dependency (`super::line`), by the time of its first deferral.
+//! Whenever the tenant's lanes have a token, the first live place gets it,
+//! and its worker goes when it asks again. A fresh failure of the tenant
+//! waits behind the line; a pure retry (which keeps no record to hold a
+//! place) does too, without a place. Deferrals point workers at about when
+//! their turn comes, never further than the deferral horizon.
 //!
-//! # Bounded
+//! # Tracking
 //! At most `max_dependencies` are tracked one by one; the rest share one
-//! entry ([`OVERFLOW_DEPENDENCY`]), paced by the default pace.
+//! entry ([`OVERFLOW_DEPENDENCY`]), paced by the default pace, and a
+//! retry to one of them is told so. Dependencies the operator names are
+//! always tracked. A tenant may have introduced at most
+//! `max_dependencies_per_tenant` of the tracked ones. An idle entry is
+//! evicted for a new name, never while it holds evidence of trouble.
+
+mod entry;
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::entry::{Entry, Lane, Nanos};
 use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
-use super::fair::{Admission, FairShares};
+use super::fair::FairShares;
+use super::health::{Limits, Second, TenantHealth};
+use super::line::{Place, Standing};
 use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig, OVERFLOW_DEPENDENCY, SuccessWindow};
-use super::{DEPENDENCY_BUDGET_EXHAUSTED, GLOBAL_CAPACITY_EXHAUSTED, TENANT_BACKLOG_FULL};
-use crate::budget::token::{Answer, Pace};
+use super::{DEPENDENCY_BUDGET_EXHAUSTED, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED};
+use crate::budget::token::{Admission, Answer, Ask, Observed, Pace, PaceRecord, TenantPaceRecord};
 
-/// One dependency's budget.
-#[derive(Debug)]
-struct Entry {
-    name: Arc<str>,
-    shares: FairShares,
-    successes: SuccessWindow,
-    /// The pace in force.
-    pace: Pace,
-    /// The second of the bucket's clock the pace was last computed in.
-    paced_at: Option<u64>,
-    /// Set by the coordination: the pace and this replica's part of it
-    /// come from the fleet, not from the local window.
-    coordinated: bool,
-    counters: DependencyCounters,
-}
+pub use self::entry::MAX_TENANTS_PER_DEPENDENCY;
 
-impl Entry {
-    fn stats(&self) -> DependencyStats {
-        DependencyStats {
-            name: self.name.to_string(),
-            pace: self.pace,
-            local_rate: self.shares.rate(),
-            counters: self.counters,
-        }
-    }
-}
+/// Seconds an entry must have been idle before it is evicted for a new
+/// dependency name.
+pub const IDLE_EVICTION_SECONDS: u64 = 60;
 
-/// Counters of one dependency, since it was first tracked.
+/// Places counted ahead of a deferred retry to estimate its turn: past
+/// this many, the turn is beyond any horizon anyway.
+const COUNT_UP_TO: usize = 100_000;
+
+/// Counters of one dependency (or of one tenant's use of it), since it was
+/// first tracked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DependencyCounters {
     /// Calls workers reported.
@@ -75,10 +69,18 @@ pub struct DependencyCounters {
     pub successes: u64,
     /// Failures workers reported in traffic counts.
     pub failures: u64,
-    /// Retries granted a token at once.
+    /// Retries granted a token.
     pub admitted: u64,
-    /// Retries deferred or refused by this dependency's budget.
+    /// Retries deferred by this dependency's budget.
     pub deferred: u64,
+}
+
+impl DependencyCounters {
+    fn report(&mut self, calls: u64, successes: u64, failures: u64) {
+        self.calls = self.calls.saturating_add(calls);
+        self.successes = self.successes.saturating_add(successes);
+        self.failures = self.failures.saturating_add(failures);
+    }
 }
 
 /// What one dependency looks like now, for metrics and `ReportTraffic`.
@@ -86,12 +88,15 @@ pub struct DependencyCounters {
 pub struct DependencyStats {
     /// Its name.
     pub name: String,
-    /// Its pace now.
+    /// Its pace now (with the asking tenant's own lane, for a tenant's
+    /// listing).
     pub pace: Pace,
-    /// The rate this replica may hand out (its part of `pace.allowed` on
-    /// PostgreSQL; equal to it otherwise).
+    /// The rate of the shared lane this replica hands out (its part of
+    /// `pace.allowed` on PostgreSQL; equal to it otherwise).
     pub local_rate: f64,
-    /// Its counters.
+    /// Its successes a second over the pace window, summed over tenants.
+    pub success_rate: f64,
+    /// Its counters: the whole dependency's, or the asking tenant's.
     pub counters: DependencyCounters,
 }
 
@@ -102,6 +107,11 @@ pub struct DependencyReport {
     pub name: String,
     /// Successes a second here over its pace window.
     pub success_rate: f64,
+    /// The allowance this replica's evidence argues for.
+    pub allowance: f64,
+    /// Requests seen here in the evidence window: its weight in the
+    /// fleet's allowance.
+    pub seen: u64,
     /// Tokens each tenant asked for, and whether any was held back.
     pub demand: Vec<(String, u64, bool)>,
 }
@@ -110,15 +120,21 @@ pub struct DependencyReport {
 #[derive(Debug)]
 pub struct Dependencies {
     config: DependenciesConfig,
-    /// What each dependency's bucket is built from (tenant bound, weights,
-    /// reservation horizon); its rate and burst are the pace's.
+    /// What each dependency's bucket is built from (tenant bound, weights);
+    /// its rate and burst are the pace's.
     template: BucketConfig,
+    /// The global rate: no dependency's allowance grows past it.
+    global_rate: f64,
+    /// How far ahead a deferral may point, nanoseconds.
+    horizon: Nanos,
     entries: Vec<Entry>,
     index: HashMap<Arc<str>, usize>,
+    /// Tracked entries each tenant introduced.
+    introduced: HashMap<Arc<str>, usize>,
 }
 
 impl Dependencies {
-    /// No dependency tracked yet.
+    /// The dependencies the operator named, tracked from the start.
     ///
     /// # Errors
     /// The [`BucketConfigError`] of an invalid `template`.
@@ -127,12 +143,17 @@ impl Dependencies {
         template: &BucketConfig,
     ) -> Result<Self, BucketConfigError> {
         template.validate()?;
-        Ok(Self {
+        let mut deps = Self {
             config,
             template: template.clone(),
+            global_rate: template.rate,
+            horizon: nanos(template.max_deferral),
             entries: Vec::new(),
             index: HashMap::new(),
-        })
+            introduced: HashMap::new(),
+        };
+        deps.track_named(0);
+        Ok(deps)
     }
 
     /// Asks `dependency`'s budget, then `global`, for `tenant`'s retry (see
@@ -142,133 +163,301 @@ impl Dependencies {
         global: &mut FairShares,
         tenant: &str,
         dependency: &str,
+        ask: &Ask<'_>,
         now: Duration,
-        max_wait: Duration,
     ) -> Answer {
-        let i = self.entry(dependency, now);
-        let entry = &mut self.entries[i];
-        // The pace is quoted only where the dependency's budget decided.
-        let by_dependency = |admission| Answer {
-            admission: scoped(admission),
-            pace: Some(entry.pace),
-        };
-        // A token now, or a slot of the dependency's own.
-        let (taken, dependency_wait) = match entry.shares.take(tenant, now) {
-            Some(grant) => (Some(grant), None),
-            None => match entry.shares.admit(tenant, now, max_wait) {
-                Admission::Deferred { wait, reason } => (None, Some((wait, reason))),
-                refused => {
-                    entry.counters.deferred += 1;
-                    return by_dependency(refused);
+        let second = now.as_secs();
+        let n = nanos(now);
+        let horizon = self.horizon;
+        let i = self.entry(dependency, tenant, now);
+        let config = self.config.pace_of(&self.entries[i].name).clone();
+        let limits = config.limits(self.global_rate);
+        let e = &mut self.entries[i];
+        let t = e.tenant(tenant, second, &config, &limits);
+        // The line first: its places go before this request.
+        let mut refusal = None;
+        while e.tenants[t].line.has_waiting(n, horizon) {
+            match take_token(global, e, t, tenant, now, &limits) {
+                Ok(()) => {
+                    e.tenants[t].line.serve(n, horizon);
                 }
+                Err(reason) => {
+                    refusal = Some(reason);
+                    break;
+                }
+            }
+        }
+        e.tenants[t].line.expire(n, horizon);
+        let id = ask.activity_id.map(place_id);
+        let (place, ahead) = match (ask.waiting_since_ms, id) {
+            (Some(since_ms), Some(id)) => {
+                let place = Place { since_ms, id };
+                match e.tenants[t].line.ask(place, n, horizon, COUNT_UP_TO) {
+                    Standing::Served => return granted(e, t),
+                    Standing::Waiting { ahead: 0 } if refusal.is_none() => {
+                        match take_token(global, e, t, tenant, now, &limits) {
+                            Ok(()) => {
+                                e.tenants[t].line.leave(place);
+                                return granted(e, t);
+                            }
+                            Err(reason) => {
+                                refusal = Some(reason);
+                                (Some(place), 0)
+                            }
+                        }
+                    }
+                    Standing::Waiting { ahead } => (Some(place), ahead),
+                    Standing::Full => (None, COUNT_UP_TO),
+                }
+            }
+            _ => {
+                if refusal.is_none() && !e.tenants[t].line.has_waiting(n, horizon) {
+                    match take_token(global, e, t, tenant, now, &limits) {
+                        Ok(()) => return granted(e, t),
+                        Err(reason) => refusal = Some(reason),
+                    }
+                }
+                match id {
+                    Some(id) => {
+                        let place = Place {
+                            since_ms: ask.now_ms,
+                            id,
+                        };
+                        match e.tenants[t].line.ask(place, n, horizon, COUNT_UP_TO) {
+                            Standing::Served => return granted(e, t),
+                            Standing::Waiting { ahead } => (Some(place), ahead),
+                            Standing::Full => (None, COUNT_UP_TO),
+                        }
+                    }
+                    None => (None, e.tenants[t].line.waiting(n, horizon, COUNT_UP_TO)),
+                }
+            }
+        };
+        // Waiting behind a line without having asked for a token itself:
+        // the line is there because the dependency's lanes ran dry.
+        let refusal = refusal.unwrap_or(Refusal::Dependency { share: false });
+        let full = place.is_none() && id.is_some();
+        let reason = if full {
+            TENANT_BACKLOG_FULL
+        } else {
+            refusal.reason()
+        };
+        let by_dependency = matches!(refusal, Refusal::Dependency { .. });
+        // When its turn comes: the places ahead and itself, at the rate the
+        // tenant can count on now.
+        let rate = if by_dependency {
+            e.shares.share_rate(tenant, now) + e.tenants[t].earned.rate()
+        } else {
+            global.share_rate(tenant, now)
+        };
+        let turn = if rate > 0.0 {
+            (ahead as f64 + 1.0) / rate
+        } else {
+            f64::INFINITY
+        };
+        let jittered = horizon as f64 * (0.5 + 0.5 * unit(id.unwrap_or(n as u64), second));
+        let wait = Duration::from_nanos((turn * 1e9).min(jittered).max(1e6) as u64);
+        let tenant_entry = &mut e.tenants[t];
+        tenant_entry.counters.deferred += 1;
+        e.counters.deferred += 1;
+        if by_dependency {
+            tenant_entry.health.count(
+                second,
+                &Second {
+                    deferred: 1,
+                    ..Second::default()
+                },
+                &limits,
+            );
+        }
+        let pace = e.pace(Some(&e.tenants[t]), &config, now);
+        Answer {
+            admission: Admission::Deferred {
+                wait,
+                reason,
+                waiting_since_ms: place.map(|p| p.since_ms),
             },
-        };
-        let global_answer = global.admit(tenant, now, max_wait);
-        match (global_answer, dependency_wait) {
-            (Admission::Granted, None) => {
-                entry.counters.admitted += 1;
-                Admission::Granted.into()
-            }
-            (Admission::Granted, Some((wait, reason))) => {
-                entry.counters.deferred += 1;
-                by_dependency(Admission::Deferred { wait, reason })
-            }
-            (Admission::Deferred { wait, .. }, Some((dependency_wait, dependency_reason)))
-                if dependency_wait > wait =>
-            {
-                entry.counters.deferred += 1;
-                by_dependency(Admission::Deferred {
-                    wait: dependency_wait,
-                    reason: dependency_reason,
-                })
-            }
-            (deferred @ Admission::Deferred { .. }, _) => deferred.into(),
-            (refused, _) => {
-                if let Some(grant) = taken {
-                    entry.shares.release(grant, now);
-                }
-                refused.into()
-            }
+            pace: (by_dependency || !e.tracked).then_some(pace),
+            untracked: !e.tracked,
         }
     }
 
-    /// Counts successes and calls of `dependency` (a worker's traffic
-    /// report, or one recorded success).
-    pub fn count(
+    /// Counts a fresh failure `tenant` asked about.
+    pub fn observe(&mut self, tenant: &str, dependency: &str, observed: Observed, now: Duration) {
+        let what = Second {
+            failures: 1,
+            seen: 1,
+            retries_failed: u32::from(observed.retry_failed),
+            ..Second::default()
+        };
+        self.count_health(tenant, dependency, &what, now);
+    }
+
+    /// Counts a success `tenant` recorded: one success of its own lane,
+    /// and, for an activity the service holds (`known`), one request seen.
+    pub fn record_success(&mut self, tenant: &str, dependency: &str, known: bool, now: Duration) {
+        let i = self.entry(dependency, tenant, now);
+        let second = now.as_secs();
+        let config = self.config.pace_of(&self.entries[i].name).clone();
+        let limits = config.limits(self.global_rate);
+        let e = &mut self.entries[i];
+        let t = e.tenant(tenant, second, &config, &limits);
+        let te = &mut e.tenants[t];
+        te.successes.add(now, 1);
+        te.counters.report(0, 1, 0);
+        e.counters.report(0, 1, 0);
+        if known {
+            te.health.count(
+                second,
+                &Second {
+                    seen: 1,
+                    ..Second::default()
+                },
+                &limits,
+            );
+        }
+    }
+
+    /// Counts a worker's calls to `dependency` since its last report (its
+    /// tenant's own lane is paced by the successes); returns the pace as
+    /// the tenant sees it.
+    pub fn report(
         &mut self,
+        tenant: &str,
         dependency: &str,
         now: Duration,
         calls: u64,
         successes: u64,
         failures: u64,
-    ) {
-        let i = self.entry(dependency, now);
-        let entry = &mut self.entries[i];
-        entry.successes.add(now, successes);
-        let c = &mut entry.counters;
-        c.calls = c.calls.saturating_add(calls);
-        c.successes = c.successes.saturating_add(successes);
-        c.failures = c.failures.saturating_add(failures);
+    ) -> DependencyStats {
+        let i = self.entry(dependency, tenant, now);
+        let second = now.as_secs();
+        let config = self.config.pace_of(&self.entries[i].name).clone();
+        let limits = config.limits(self.global_rate);
+        let e = &mut self.entries[i];
+        let t = e.tenant(tenant, second, &config, &limits);
+        e.tenants[t].successes.add(now, successes);
+        e.tenants[t].counters.report(calls, successes, failures);
+        e.counters.report(calls, successes, failures);
+        e.paced_at = None;
+        self.repace(i, now);
+        self.stats_for_tenant(i, tenant, now)
     }
 
-    /// Each tracked dependency as it is now.
-    pub fn stats(&mut self, now: Duration) -> Vec<DependencyStats> {
-        for i in 0..self.entries.len() {
-            self.repace(i, now);
+    /// Gives up `tenant`'s place in `dependency`'s line (its activity
+    /// stopped or succeeded while deferred).
+    pub fn leave(&mut self, tenant: &str, dependency: &str, activity_id: &str, since_ms: i64) {
+        let name = name_of(dependency);
+        if let Some(&i) = self.index.get(name)
+            && let Some(t) = self.entries[i]
+                .tenants
+                .iter_mut()
+                .find(|t| &*t.name == tenant)
+        {
+            t.line.leave(Place {
+                since_ms,
+                id: place_id(activity_id),
+            });
         }
-        self.entries.iter().map(Entry::stats).collect()
     }
 
-    /// The pace and counters of `dependency`, tracking it if it is new.
-    pub fn stats_of(&mut self, dependency: &str, now: Duration) -> DependencyStats {
-        let i = self.entry(dependency, now);
-        self.entries[i].stats()
+    /// Each tracked dependency as it is now, with its whole counters.
+    pub fn stats(&mut self, now: Duration) -> Vec<DependencyStats> {
+        (0..self.entries.len())
+            .map(|i| {
+                self.repace(i, now);
+                let e = &self.entries[i];
+                let config = self.config.pace_of(&e.name);
+                DependencyStats {
+                    name: e.name.to_string(),
+                    pace: e.pace(None, config, now),
+                    local_rate: e.shares.rate(),
+                    success_rate: success_rate(e, now),
+                    counters: e.counters,
+                }
+            })
+            .collect()
     }
 
-    /// What the coordination publishes: each dependency's success rate, and
-    /// its tenants' demand since the last call, reset.
+    /// The dependencies `tenant` used, as it sees them: its own lane and
+    /// its own counters, nothing of the other tenants.
+    pub fn stats_of_tenant(&mut self, tenant: &str, now: Duration) -> Vec<DependencyStats> {
+        let mine: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| self.entries[i].tenants.iter().any(|t| &*t.name == tenant))
+            .collect();
+        mine.into_iter()
+            .map(|i| {
+                self.repace(i, now);
+                self.stats_for_tenant(i, tenant, now)
+            })
+            .collect()
+    }
+
+    fn stats_for_tenant(&self, i: usize, tenant: &str, now: Duration) -> DependencyStats {
+        let e = &self.entries[i];
+        let config = self.config.pace_of(&e.name);
+        let t = e.tenants.iter().find(|t| &*t.name == tenant);
+        DependencyStats {
+            name: e.name.to_string(),
+            pace: e.pace(t, config, now),
+            local_rate: e.shares.rate(),
+            success_rate: t.map_or(0.0, |t| t.successes.clone().rate(now)),
+            counters: t.map_or_else(DependencyCounters::default, |t| t.counters),
+        }
+    }
+
+    /// What the coordination publishes: each dependency's successes,
+    /// allowance and weight, and its tenants' demand since the last call,
+    /// reset.
     pub fn take_reports(&mut self, now: Duration) -> Vec<DependencyReport> {
-        self.entries
-            .iter_mut()
-            .map(|e| {
+        let second = now.as_secs();
+        (0..self.entries.len())
+            .map(|i| {
+                self.repace(i, now);
+                let e = &mut self.entries[i];
                 let mut demand = Vec::new();
                 e.shares.take_demand(|tenant, asked, held_back| {
                     demand.push((tenant.to_owned(), asked, held_back > 0));
                 });
                 DependencyReport {
                     name: e.name.to_string(),
-                    success_rate: e.successes.rate(now),
+                    success_rate: success_rate(e, now),
+                    allowance: e.local,
+                    seen: e.tenants.iter().map(|t| t.health.seen(second)).sum(),
                     demand,
                 }
             })
             .collect()
     }
 
-    /// Sets `dependency`'s pace from the fleet's successes, and this
-    /// replica's part of it: the coordination's answer, in force until the
-    /// next one (or until [`Dependencies::uncoordinate`]).
-    pub fn set_grant(&mut self, dependency: &str, pace: Pace, capacity: &Capacity, now: Duration) {
+    /// Sets `dependency`'s allowance from the fleet's, and this replica's
+    /// part of it: the coordination's answer, in force until the next one
+    /// (or until [`Dependencies::uncoordinate`]).
+    pub fn set_grant(
+        &mut self,
+        dependency: &str,
+        allowed: f64,
+        capacity: &Capacity,
+        now: Duration,
+    ) {
         // A dependency only other replicas track is taken on while there is
-        // room, so that its first retry here finds the fleet's pace; past
-        // the bound its grant would land on the shared entry, which is
-        // paced by its own name's grant.
+        // room, so that its first retry here finds the fleet's pace.
         if !self.index.contains_key(dependency)
-            && self.entries.len() >= self.config.max_dependencies
+            && self.tracked_count() >= self.config.max_dependencies
         {
             return;
         }
-        let i = self.entry(dependency, now);
+        let i = self.entry(dependency, "", now);
         let e = &mut self.entries[i];
-        e.pace = pace;
-        e.coordinated = true;
+        e.fleet = Some(allowed);
         e.shares.set_capacity(capacity, now);
     }
 
-    /// Every dependency paced from its local window again (a replica whose
-    /// coordination lapsed).
+    /// Every dependency paced from its local evidence again (a replica
+    /// whose coordination lapsed).
     pub fn uncoordinate(&mut self) {
         for e in &mut self.entries {
-            e.coordinated = false;
+            e.fleet = None;
             e.paced_at = None;
         }
     }
@@ -279,122 +468,343 @@ impl Dependencies {
     }
 
     /// A new configuration (a reload): every dependency is paced by it from
-    /// its next second on; tokens booked stay booked.
+    /// its next second on; places in line stay.
     pub fn reconfigure(&mut self, config: DependenciesConfig, template: &BucketConfig) {
         self.config = config;
         self.template = template.clone();
+        self.global_rate = template.rate;
+        self.horizon = nanos(template.max_deferral);
         for e in &mut self.entries {
             e.paced_at = None;
+            e.named = self.config.named.contains_key(&*e.name);
             let window = self.config.pace_of(&e.name).window;
-            e.successes.resize(window);
+            for t in &mut e.tenants {
+                t.successes.resize(window);
+            }
+        }
+        self.track_named(0);
+    }
+
+    /// Each tracked dependency's pace, to persist.
+    pub fn snapshot(&mut self, now: Duration, now_ms: i64) -> Vec<PaceRecord> {
+        let second = now.as_secs();
+        let tracked: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| self.entries[i].tracked)
+            .collect();
+        tracked
+            .into_iter()
+            .map(|i| {
+                self.repace(i, now);
+                let e = &self.entries[i];
+                let limits = self.config.pace_of(&e.name).limits(self.global_rate);
+                PaceRecord {
+                    dependency: e.name.to_string(),
+                    allowance: e.local,
+                    state: e.evidence.state,
+                    saved_at_ms: now_ms,
+                    tenants: e
+                        .tenants
+                        .iter()
+                        .map(|t| TenantPaceRecord {
+                            tenant: t.name.to_string(),
+                            allowance: t.health.allowance(),
+                            baseline: t.health.baseline(),
+                            state: t.health.evidence(second, &limits).state,
+                            success_rate: t.successes.clone().rate(now),
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Takes back what was persisted (at start-up): each dependency's
+    /// tenants with their allowance, failure rate and reported successes,
+    /// while there is room.
+    pub fn restore(&mut self, records: &[PaceRecord], now: Duration) {
+        let second = now.as_secs();
+        for record in records {
+            if crate::budget::error::validate_dependency(&record.dependency).is_err()
+                || record.dependency.is_empty()
+                || (!self.index.contains_key(record.dependency.as_str())
+                    && self.tracked_count() >= self.config.max_dependencies)
+            {
+                continue;
+            }
+            let i = self.entry(&record.dependency, "", now);
+            let config = self.config.pace_of(&record.dependency).clone();
+            let limits = config.limits(self.global_rate);
+            let e = &mut self.entries[i];
+            e.tenants.clear();
+            for t in record.tenants.iter().take(MAX_TENANTS_PER_DEPENDENCY) {
+                let mut te = entry::TenantEntry::new(
+                    Arc::from(t.tenant.as_str()),
+                    second,
+                    limits.initial,
+                    config.window,
+                );
+                let allowance =
+                    finite_or(t.allowance, limits.initial).clamp(limits.floor, limits.cap);
+                te.health = TenantHealth::restored(
+                    second,
+                    allowance,
+                    finite_or(t.baseline, 0.0).max(0.0),
+                    t.state,
+                );
+                te.successes = SuccessWindow::seeded(
+                    config.window,
+                    now,
+                    finite_or(t.success_rate, 0.0).max(0.0),
+                );
+                e.tenants.push(te);
+            }
+            e.local = finite_or(record.allowance, limits.initial).clamp(limits.floor, limits.cap);
+            e.paced_at = None;
+            self.repace(i, now);
         }
     }
 
-    /// The entry of `dependency` (the default one for an empty name, the
-    /// shared one past the bound), its pace brought up to `now`.
-    fn entry(&mut self, dependency: &str, now: Duration) -> usize {
-        let name = if dependency.is_empty() {
-            DEFAULT_DEPENDENCY
-        } else {
-            dependency
-        };
+    /// The entry `dependency` asks (the default one for an empty name, the
+    /// shared one when it cannot be tracked), its pace brought up to
+    /// `now`. `tenant` introduces it when it is new.
+    fn entry(&mut self, dependency: &str, tenant: &str, now: Duration) -> usize {
+        let name = name_of(dependency);
         let i = match self.index.get(name) {
             Some(&i) => i,
-            None => self.insert(name),
+            None => self.insert(name, tenant, now.as_secs()),
         };
+        self.entries[i].last_used = now.as_secs();
         self.repace(i, now);
         i
     }
 
-    fn insert(&mut self, name: &str) -> usize {
-        // Past the bound, the shared entry (itself tracked once).
-        let name = if self.entries.len() >= self.config.max_dependencies {
-            match self.index.get(OVERFLOW_DEPENDENCY) {
-                Some(&i) => return i,
-                None => OVERFLOW_DEPENDENCY,
-            }
-        } else {
-            name
-        };
+    fn tracked_count(&self) -> usize {
+        self.entries.iter().filter(|e| e.tracked).count()
+    }
+
+    /// Tracks `name` for `tenant` if the bounds allow (evicting an idle
+    /// entry if need be), else answers the shared entry.
+    fn insert(&mut self, name: &str, tenant: &str, second: u64) -> usize {
+        let per_tenant = self.config.max_dependencies_per_tenant;
+        let introducer: Option<Arc<str>> = (!tenant.is_empty()).then(|| Arc::from(tenant));
+        // A tenant at its bound makes room among its own idle entries.
+        let mine = introducer
+            .as_ref()
+            .map_or(0, |t| self.introduced.get(t).copied().unwrap_or(0));
+        if mine >= per_tenant {
+            let own_idle = self.entries.iter().position(|e| {
+                e.introduced_by.as_deref() == Some(tenant)
+                    && e.evictable(second, IDLE_EVICTION_SECONDS)
+            });
+            return match own_idle {
+                Some(i) => self.replace(i, name, introducer, second),
+                None => self.overflow(second),
+            };
+        }
+        if self.tracked_count() < self.config.max_dependencies {
+            let i = self.push(name, second);
+            self.introduce(i, introducer);
+            return i;
+        }
+        let idle = (0..self.entries.len())
+            .filter(|&i| self.entries[i].evictable(second, IDLE_EVICTION_SECONDS))
+            .min_by_key(|&i| self.entries[i].last_used);
+        match idle {
+            Some(i) => self.replace(i, name, introducer, second),
+            None => self.overflow(second),
+        }
+    }
+
+    fn push(&mut self, name: &str, second: u64) -> usize {
         let config = self.config.pace_of(name);
-        let pace = config.pace(0.0);
-        let capacity = self.capacity(name, pace.allowed);
-        // Built full at its own burst, then given its own rate.
-        let full = BucketConfig {
-            burst: capacity.burst,
-            ..self.template.clone()
-        };
-        let mut shares = FairShares::new(&full).expect("the template was validated when built");
-        shares.set_capacity(&capacity, Duration::ZERO);
-        let name: Arc<str> = Arc::from(name);
-        self.entries.push(Entry {
-            name: Arc::clone(&name),
-            shares,
-            successes: SuccessWindow::new(config.window),
-            pace,
-            paced_at: None,
-            coordinated: false,
-            counters: DependencyCounters::default(),
-        });
-        self.index.insert(name, self.entries.len() - 1);
-        self.entries.len() - 1
+        let entry = Entry::new(
+            Arc::from(name),
+            config,
+            &self.template,
+            self.global_rate,
+            second,
+        );
+        self.entries.push(entry);
+        let i = self.entries.len() - 1;
+        self.index.insert(Arc::clone(&self.entries[i].name), i);
+        i
     }
 
-    /// Recomputes entry `i`'s pace from its window, at most once a second,
-    /// unless the coordination sets it.
+    /// Entry `i` evicted, its place given to `name`.
+    fn replace(
+        &mut self,
+        i: usize,
+        name: &str,
+        introducer: Option<Arc<str>>,
+        second: u64,
+    ) -> usize {
+        let old = &self.entries[i];
+        self.index.remove(&old.name);
+        if let Some(by) = &old.introduced_by
+            && let Some(n) = self.introduced.get_mut(by)
+        {
+            *n = n.saturating_sub(1);
+        }
+        let config = self.config.pace_of(name);
+        self.entries[i] = Entry::new(
+            Arc::from(name),
+            config,
+            &self.template,
+            self.global_rate,
+            second,
+        );
+        self.index.insert(Arc::clone(&self.entries[i].name), i);
+        self.introduce(i, introducer);
+        i
+    }
+
+    fn introduce(&mut self, i: usize, introducer: Option<Arc<str>>) {
+        if let Some(by) = introducer {
+            *self.introduced.entry(Arc::clone(&by)).or_insert(0) += 1;
+            self.entries[i].introduced_by = Some(by);
+        }
+    }
+
+    /// The shared entry of untracked dependencies, made once.
+    fn overflow(&mut self, second: u64) -> usize {
+        if let Some(&i) = self.index.get(OVERFLOW_DEPENDENCY) {
+            return i;
+        }
+        let i = self.push(OVERFLOW_DEPENDENCY, second);
+        self.entries[i].tracked = false;
+        i
+    }
+
+    /// Tracks every dependency the operator named.
+    fn track_named(&mut self, second: u64) {
+        let named: Vec<String> = self.config.named.keys().cloned().collect();
+        for name in named {
+            let i = match self.index.get(name.as_str()) {
+                Some(&i) => i,
+                None => self.push(&name, second),
+            };
+            self.entries[i].named = true;
+        }
+    }
+
     fn repace(&mut self, i: usize, now: Duration) {
-        let second = now.as_secs();
-        let e = &mut self.entries[i];
-        if e.coordinated || e.paced_at == Some(second) {
-            return;
-        }
-        e.paced_at = Some(second);
-        let pace = self.config.pace_of(&e.name).pace(e.successes.rate(now));
-        if pace != e.pace || e.shares.rate() == 0.0 {
-            e.pace = pace;
-            let capacity = self.capacity(&self.entries[i].name, pace.allowed);
-            self.entries[i].shares.set_capacity(&capacity, now);
-        }
+        let config = self.config.pace_of(&self.entries[i].name);
+        self.entries[i].repace(now, config, self.global_rate, &self.template);
     }
 
-    /// The capacity of `dependency`'s bucket at `rate`.
-    fn capacity(&self, dependency: &str, rate: f64) -> Capacity {
-        let burst = self.config.pace_of(dependency).burst(rate);
-        Capacity {
-            rate,
-            burst,
-            ..Capacity::from_config(&self.template)
+    fn count_health(&mut self, tenant: &str, dependency: &str, what: &Second, now: Duration) {
+        let i = self.entry(dependency, tenant, now);
+        let second = now.as_secs();
+        let config = self.config.pace_of(&self.entries[i].name).clone();
+        let limits = config.limits(self.global_rate);
+        let e = &mut self.entries[i];
+        let t = e.tenant(tenant, second, &config, &limits);
+        e.tenants[t].health.count(second, what, &limits);
+    }
+}
+
+/// Why a retry got no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The dependency's lanes had none: `share` when the tenant is past
+    /// its share of the shared lane while other tenants want theirs.
+    Dependency {
+        /// Past its share, others waiting.
+        share: bool,
+    },
+    /// The global bucket had none, for this reason.
+    Global(&'static str),
+}
+
+impl Refusal {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::Dependency { share: true } => TENANT_SHARE_EXHAUSTED,
+            Self::Dependency { share: false } => DEPENDENCY_BUDGET_EXHAUSTED,
+            Self::Global(reason) => reason,
         }
     }
 }
 
-/// A refusal or deferral of a dependency's bucket, in its terms: its bucket
-/// empty, or booked as far ahead as it books, is the dependency's budget
-/// exhausted, not the global capacity nor the tenant's backlog. A tenant
-/// past its share of it while others want theirs stays
-/// `tenant_share_exhausted`.
-fn scoped(admission: Admission) -> Admission {
-    let rename = |reason| {
-        if reason == GLOBAL_CAPACITY_EXHAUSTED || reason == TENANT_BACKLOG_FULL {
-            DEPENDENCY_BUDGET_EXHAUSTED
-        } else {
-            reason
-        }
+/// A token for the tenant's entry `t` of `e`: from the shared lane or its
+/// own, then from the global bucket; the reason when there is none.
+fn take_token(
+    global: &mut FairShares,
+    e: &mut Entry,
+    t: usize,
+    tenant: &str,
+    now: Duration,
+    limits: &Limits,
+) -> Result<(), Refusal> {
+    let n = nanos(now);
+    let lane = if let Some(grant) = e.shares.take(tenant, now) {
+        Lane::Shared(grant)
+    } else if e.tenants[t].earned.take(n) {
+        Lane::Earned
+    } else {
+        let share = e.shares.refusal(tenant, now) == TENANT_SHARE_EXHAUSTED;
+        return Err(Refusal::Dependency { share });
     };
-    match admission {
-        Admission::Deferred { wait, reason } => Admission::Deferred {
-            wait,
-            reason: rename(reason),
-        },
-        Admission::Refused {
-            retry_after,
-            reason,
-        } => Admission::Refused {
-            retry_after,
-            reason: rename(reason),
-        },
-        other => other,
+    if global.take(tenant, now).is_none() {
+        match lane {
+            Lane::Shared(grant) => e.shares.release(grant, now),
+            Lane::Earned => e.tenants[t].earned.give_back(),
+        }
+        return Err(Refusal::Global(global.refusal(tenant, now)));
     }
+    e.tenants[t].health.count(
+        now.as_secs(),
+        &Second {
+            granted: 1,
+            ..Second::default()
+        },
+        limits,
+    );
+    Ok(())
+}
+
+fn granted(e: &mut Entry, t: usize) -> Answer {
+    e.counters.admitted += 1;
+    e.tenants[t].counters.admitted += 1;
+    Answer {
+        untracked: !e.tracked,
+        ..Admission::Granted.into()
+    }
+}
+
+fn success_rate(e: &Entry, now: Duration) -> f64 {
+    e.tenants
+        .iter()
+        .map(|t| t.successes.clone().rate(now))
+        .sum()
+}
+
+fn name_of(dependency: &str) -> &str {
+    if dependency.is_empty() {
+        DEFAULT_DEPENDENCY
+    } else {
+        dependency
+    }
+}
+
+/// An activity's id in a line: a hash, the same for the same id within a
+/// process (a line lives in one process).
+fn place_id(activity_id: &str) -> u64 {
+    foldhash::fast::FixedState::with_seed(0x5eed).hash_one(activity_id)
+}
+
+/// A number in [0, 1) from `id` and `second`: a deferral's jitter.
+fn unit(id: u64, second: u64) -> f64 {
+    let h = foldhash::fast::FixedState::with_seed(second).hash_one(id);
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn finite_or(value: f64, default: f64) -> f64 {
+    if value.is_finite() { value } else { default }
+}
+
+pub(super) fn nanos(d: Duration) -> Nanos {
+    d.as_nanos().min(i64::MAX as u128 / 4) as Nanos
 }
 
 #[cfg(test)]

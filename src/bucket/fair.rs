@@ -95,7 +95,29 @@ type Nanos = i64;
 
 const NANOS_LIMIT: Nanos = i64::MAX / 4;
 
-pub use crate::budget::token::Admission;
+/// What booking a token answers ([`FairShares::admit`]): a token now, a
+/// slot booked for later, or a refusal with when to ask again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Booking {
+    /// A token is taken now.
+    Granted,
+    /// The tenant's next free slot is booked, `wait` from now.
+    Booked {
+        /// How long until the booked slot.
+        wait: Duration,
+        /// Why: `tenant_share_exhausted` or `global_capacity_exhausted`.
+        reason: &'static str,
+    },
+    /// Nothing booked: ask again after `retry_after` (the request's turn in
+    /// the tenant's queue of refused requests).
+    Refused {
+        /// When to ask again.
+        retry_after: Duration,
+        /// Why: `tenant_backlog_full`, `global_capacity_exhausted` or
+        /// `reservation_past_max_wait`.
+        reason: &'static str,
+    },
+}
 
 /// A token taken now that may still be returned unused
 /// ([`FairShares::release`]). Opaque: it says which tenant's share to give
@@ -232,12 +254,12 @@ impl FairShares {
     /// Takes a token for `tenant` now, or books its next free slot if that
     /// comes within `max_wait` and the horizon; a token granted here is
     /// spent for good.
-    pub fn admit(&mut self, tenant: &str, now: Duration, max_wait: Duration) -> Admission {
+    pub fn admit(&mut self, tenant: &str, now: Duration, max_wait: Duration) -> Booking {
         let now = nanos(now);
         match self.grant_now(tenant, now) {
             Ok(grant) => {
                 self.tenants.get_mut(grant.index).asked += 1;
-                Admission::Granted
+                Booking::Granted
             }
             Err(pending) => {
                 let t = self.tenants.get_mut(pending.index);
@@ -320,6 +342,47 @@ impl FairShares {
         (grant, name)
     }
 
+    /// Why `tenant` gets no token now, for a deferral's reason: its share
+    /// is spent while others want theirs ([`TENANT_SHARE_EXHAUSTED`]), or
+    /// the bucket is ([`GLOBAL_CAPACITY_EXHAUSTED`]).
+    pub fn refusal(&mut self, tenant: &str, now: Duration) -> &'static str {
+        let now = nanos(now);
+        self.tenants.expire(now);
+        let others = match self.tenants.find(tenant) {
+            Some(i) => {
+                let t = self.tenants.get(i);
+                let own = if t.next > now { u64::from(t.weight) } else { 0 };
+                self.tenants.backlogged_weight() - own
+            }
+            None => self.tenants.backlogged_weight(),
+        };
+        if self.closed.is_none() && others > 0 {
+            TENANT_SHARE_EXHAUSTED
+        } else {
+            GLOBAL_CAPACITY_EXHAUSTED
+        }
+    }
+
+    /// Tokens a second `tenant` may count on now: its weighted share of the
+    /// rate among the tenants that want theirs, itself included.
+    pub fn share_rate(&mut self, tenant: &str, now: Duration) -> f64 {
+        if self.closed.is_some() {
+            return 0.0;
+        }
+        let now = nanos(now);
+        self.tenants.expire(now);
+        let weight = match self.tenants.find(tenant) {
+            Some(i) => u64::from(self.tenants.get(i).weight),
+            None => u64::from(self.capacity.weight_of(tenant)),
+        };
+        let own_backlogged = self
+            .tenants
+            .find(tenant)
+            .is_some_and(|i| self.tenants.get(i).next > now);
+        let total = self.tenants.backlogged_weight() + if own_backlogged { 0 } else { weight };
+        self.rate() * weight as f64 / total.max(1) as f64
+    }
+
     /// The bucket never holds more than `burst`: time spent full is lost.
     fn refill(&mut self, now: Nanos) {
         self.meter = self.meter.max(now - self.burst);
@@ -370,9 +433,9 @@ impl FairShares {
     }
 
     /// Books the tenant's next free slot, or refuses.
-    fn book(&mut self, p: Pending, now: Nanos, max_wait: Nanos) -> Admission {
+    fn book(&mut self, p: Pending, now: Nanos, max_wait: Nanos) -> Booking {
         if let Some(closed) = self.closed {
-            return Admission::Refused {
+            return Booking::Refused {
                 retry_after: duration(closed.retry_after),
                 reason: if closed.retry_after > max_wait {
                     past_max_wait(max_wait, GLOBAL_CAPACITY_EXHAUSTED)
@@ -399,7 +462,7 @@ impl FairShares {
                 GLOBAL_CAPACITY_EXHAUSTED
             };
             if wait > max_wait {
-                return Admission::Refused {
+                return Booking::Refused {
                     retry_after: duration(wait),
                     reason: past_max_wait(max_wait, reason),
                 };
@@ -407,7 +470,7 @@ impl FairShares {
             self.meter += self.token;
             self.tenants.get_mut(p.index).tokens += 1;
             self.tenants.set_next(p.index, p.next + p.share, now);
-            return Admission::Deferred {
+            return Booking::Booked {
                 wait: duration(wait),
                 reason,
             };
@@ -421,13 +484,13 @@ impl FairShares {
         let retry_after = turn - now;
         if retry_after > max_wait {
             // It will not come back: it takes no turn.
-            return Admission::Refused {
+            return Booking::Refused {
                 retry_after: duration(retry_after),
                 reason: past_max_wait(max_wait, reason),
             };
         }
         t.refused_until = turn.saturating_add(p.share);
-        Admission::Refused {
+        Booking::Refused {
             retry_after: duration(retry_after),
             reason,
         }

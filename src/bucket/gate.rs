@@ -1,125 +1,166 @@
-//! [`Gate`]: what the token layer hands every request: the way to the
-//! bucket, asked at most once, by the decision, at the moment it needs a
-//! token.
-//!
-//! Nothing is taken up front and nothing is given back: a replay, a stop,
-//! a dry run or a refused request never touches the bucket, and a retry
-//! takes its token (or books its slot) in one step, under one lock, as
-//! tower's `retry::budget` and linkerd's budgets withdraw at the moment a
-//! retry is decided.
+//! [`TenantGate`]: a tenant's handle on the retry budget. The layer puts
+//! one in every call that spends budget (`NextAction`, `RecordSuccess`,
+//! `ReportTraffic`), scoped to the tenant the call acts for; the handler
+//! and the core see only it, never the bucket, so nothing a tenant sends
+//! can reach another tenant's lanes, lines or listing.
 
-use std::time::Duration;
+use std::sync::Arc;
 
+use super::dependencies::DependencyStats;
 use super::handle::FairBucket;
-use crate::budget::token::{Answer, TokenGate};
+use crate::budget::token::{Answer, Ask, Observed, TokenGate};
+use crate::budget::traffic::TrafficError;
 
-/// The bucket a request's decision asks, put in its extensions by the
-/// token layer. Cloning shares the bucket.
+/// The retry budget as one tenant sees it. Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Gate {
+pub struct TenantGate {
     bucket: FairBucket,
+    tenant: Arc<str>,
 }
 
-impl Gate {
-    /// A gate to `bucket`.
-    pub fn new(bucket: FairBucket) -> Self {
-        Self { bucket }
+impl TenantGate {
+    /// `tenant`'s handle on `bucket`.
+    pub fn new(bucket: FairBucket, tenant: Arc<str>) -> Self {
+        Self { bucket, tenant }
     }
 
-    /// The gate a decision of `tenant` about a failed call to
-    /// `dependency` (empty: the default one) asks.
-    pub fn tenant<'a>(&'a self, tenant: &'a str, dependency: &'a str) -> TenantGate<'a> {
-        TenantGate {
-            bucket: &self.bucket,
-            tenant,
+    /// The tenant it acts for.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The gate a decision asks for a retry to `dependency` (empty: the
+    /// default one).
+    pub fn dependency<'a>(&'a self, dependency: &'a str) -> DependencyGate<'a> {
+        DependencyGate {
+            gate: self,
             dependency,
         }
     }
 
-    /// The bucket behind the gate.
-    pub fn bucket(&self) -> &FairBucket {
-        &self.bucket
+    /// Counts a success the tenant recorded for `dependency`: one success
+    /// of its own lane, a request seen when the service holds the activity
+    /// (`known`), and the configured success deposit into the global bucket
+    /// when it closed an activity (`deposit`).
+    pub fn record_success(&self, dependency: &str, known: bool, deposit: bool) {
+        self.bucket.record_success(&self.tenant, dependency, known);
+        if deposit {
+            self.bucket.deposit_success();
+        }
+    }
+
+    /// Counts the tenant's calls to `dependency` since its last report;
+    /// the pace as it sees it.
+    pub fn report_traffic(
+        &self,
+        dependency: &str,
+        calls: u64,
+        successes: u64,
+        failures: u64,
+    ) -> DependencyStats {
+        self.bucket
+            .report_traffic(&self.tenant, dependency, calls, successes, failures)
+    }
+
+    /// Takes one traffic report of the tenant's.
+    ///
+    /// # Errors
+    /// [`TrafficError::TooFrequent`] past `[dependencies]
+    /// max_reports_per_second`.
+    pub fn admit_report(&self) -> Result<(), TrafficError> {
+        self.bucket
+            .admit_report(&self.tenant)
+            .map_err(|(rate, retry_after)| TrafficError::TooFrequent {
+                per_second: rate as u32,
+                retry_after,
+            })
+    }
+
+    /// The dependencies the tenant used, as it sees them.
+    pub fn dependencies(&self) -> Vec<DependencyStats> {
+        self.bucket.dependencies_of(&self.tenant)
+    }
+
+    /// Gives up an activity's place in `dependency`'s line.
+    pub fn leave_line(&self, dependency: &str, activity_id: &str, since_ms: i64) {
+        self.bucket
+            .leave_line(&self.tenant, dependency, activity_id, since_ms);
     }
 }
 
-/// A [`Gate`] for one tenant's decision: the core's [`TokenGate`].
+/// A [`TenantGate`] for one dependency: what a decision asks.
 #[derive(Debug, Clone, Copy)]
-pub struct TenantGate<'a> {
-    bucket: &'a FairBucket,
-    tenant: &'a str,
+pub struct DependencyGate<'a> {
+    gate: &'a TenantGate,
     dependency: &'a str,
 }
 
-impl TokenGate for TenantGate<'_> {
-    /// A token now from the dependency's budget and the global one, or the
-    /// later of their slots booked if it comes within `max_wait`
-    /// ([`FairBucket::admit_to`]).
-    fn take(self, max_wait: Duration) -> Answer {
-        self.bucket.admit_to(self.tenant, self.dependency, max_wait)
+impl TokenGate for DependencyGate<'_> {
+    fn take(&mut self, ask: &Ask<'_>) -> Answer {
+        self.gate
+            .bucket
+            .take(&self.gate.tenant, self.dependency, ask)
+    }
+
+    fn observe(&mut self, observed: Observed) {
+        self.gate
+            .bucket
+            .observe(&self.gate.tenant, self.dependency, observed);
+    }
+
+    fn leave(&mut self, activity_id: &str, waiting_since_ms: i64) {
+        self.gate
+            .leave_line(self.dependency, activity_id, waiting_since_ms);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::{Admission, BucketConfig, DependenciesConfig, PaceConfig};
+    use crate::bucket::{BucketConfig, BucketMode, DEPENDENCY_BUDGET_EXHAUSTED};
+    use crate::budget::token::Admission;
+
+    fn ask(now_ms: i64) -> Ask<'static> {
+        Ask {
+            activity_id: None,
+            waiting_since_ms: None,
+            now_ms,
+        }
+    }
 
     #[tokio::test(start_paused = true)]
-    async fn a_gate_takes_only_when_asked_and_then_once() {
-        let pinned = DependenciesConfig {
-            default: PaceConfig {
-                rate: Some(1000.0),
-                ..PaceConfig::default()
-            },
-            ..DependenciesConfig::default()
-        };
-        let bucket = FairBucket::with_dependencies(
-            &BucketConfig {
-                rate: 10.0,
-                burst: 1,
-                ..BucketConfig::default()
-            },
-            pinned,
-        )
-        .unwrap();
-        let gate = Gate::new(bucket.clone());
-        let _unused = gate.clone();
+    async fn a_gate_takes_only_when_asked() {
+        let bucket = FairBucket::new(&BucketConfig::default()).unwrap();
+        let gate = TenantGate::new(bucket.clone(), Arc::from("a"));
         assert_eq!(bucket.stats().granted, 0, "nothing taken up front");
-        assert_eq!(
-            gate.tenant("a", "").take(Duration::MAX).admission,
-            Admission::Granted
-        );
-        let stats = bucket.stats();
-        assert_eq!((stats.granted, stats.level), (1, 0.0));
-        // The bucket is empty: the next retry is deferred to a booked slot.
-        assert!(matches!(
-            gate.tenant("a", "").take(Duration::MAX).admission,
-            Admission::Deferred { .. }
-        ));
+        let answer = gate.dependency("api").take(&ask(0));
+        assert_eq!(answer.admission, Admission::Granted);
+        assert_eq!(bucket.stats().granted, 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn shadow_mode_lets_a_retry_past_its_dependencys_budget_go_and_says_why() {
         let bucket = FairBucket::new(&BucketConfig {
-            mode: crate::bucket::BucketMode::Shadow,
+            mode: BucketMode::Shadow,
             ..BucketConfig::default()
         })
         .unwrap();
-        let gate = Gate::new(bucket.clone());
-        // The default pace of a dependency with no successes: its floor,
-        // one retry a second, a bucket of one.
-        assert_eq!(
-            gate.tenant("a", "api").take(Duration::ZERO).admission,
-            Admission::Granted
-        );
-        let answer = gate.tenant("a", "api").take(Duration::ZERO);
+        let gate = TenantGate::new(bucket.clone(), Arc::from("a"));
+        // The starting allowance: 20 at once, then none in that second.
+        for _ in 0..20 {
+            assert_eq!(
+                gate.dependency("api").take(&ask(0)).admission,
+                Admission::Granted
+            );
+        }
+        let answer = gate.dependency("api").take(&ask(0));
         assert_eq!(
             answer.admission,
             Admission::WouldDefer {
-                reason: crate::bucket::DEPENDENCY_BUDGET_EXHAUSTED
+                reason: DEPENDENCY_BUDGET_EXHAUSTED
             }
         );
-        assert_eq!(answer.pace.map(|p| p.allowed), Some(1.0));
-        assert_eq!(bucket.stats().refused_dependency, 1, "counted as enforced");
+        assert_eq!(answer.pace.map(|p| p.allowed), Some(20.0));
+        assert_eq!(bucket.stats().deferred[0], 1, "counted as enforced");
     }
 }

@@ -25,10 +25,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::config::{BucketConfig, BucketConfigError, BucketMode};
 use super::dependencies::{Dependencies, DependencyReport, DependencyStats};
-use super::fair::{Admission, FairShares};
+use super::fair::{Booking, FairShares};
 use super::pace::DependenciesConfig;
+use super::reports::ReportLimiter;
 use super::stats::{BucketStats, Counters, TenantStats};
-use crate::budget::token::{Answer, Pace};
+use crate::budget::token::{Answer, Ask, Observed, PaceRecord};
 
 /// The shared retry-token bucket. Clones share one bucket.
 #[derive(Clone)]
@@ -53,6 +54,7 @@ struct Shared {
 struct State {
     global: FairShares,
     dependencies: Dependencies,
+    reports: ReportLimiter,
 }
 
 impl FairBucket {
@@ -78,6 +80,10 @@ impl FairBucket {
             shared: Arc::new(Shared {
                 shares: Mutex::new(State {
                     global: FairShares::new(config)?,
+                    reports: ReportLimiter::new(
+                        dependencies.max_reports_per_second,
+                        config.max_tenants,
+                    ),
                     dependencies: Dependencies::new(dependencies, config)?,
                 }),
                 epoch: Instant::now(),
@@ -92,35 +98,31 @@ impl FairBucket {
         self.shared.epoch.elapsed()
     }
 
-    /// A token for `tenant` now, spent for good, or its next slot booked:
-    /// [`FairShares::admit`] without a limit on the wait.
-    pub fn admit(&self, tenant: &str) -> Admission {
+    /// A token for `tenant` now, spent for good, or its next slot booked
+    /// ([`FairShares::admit`] on the global bucket alone, without a limit
+    /// on the wait).
+    pub fn admit(&self, tenant: &str) -> Booking {
         self.admit_within(tenant, Duration::MAX)
     }
 
     /// A token for `tenant` now, spent for good, or its next slot booked if
-    /// it comes within `max_wait`.
-    pub fn admit_within(&self, tenant: &str, max_wait: Duration) -> Admission {
-        let admission = { self.lock().global.admit(tenant, self.now(), max_wait) };
-        self.shared.counters.admission(&admission);
-        if self.shared.shadow.load(Ordering::Relaxed) {
-            return admission.shadowed();
-        }
-        admission
+    /// it comes within `max_wait` (the global bucket alone).
+    pub fn admit_within(&self, tenant: &str, max_wait: Duration) -> Booking {
+        self.lock().global.admit(tenant, self.now(), max_wait)
     }
 
     /// A token for `tenant`'s retry to `dependency` (empty: the default
-    /// one) from the dependency's budget and the global one, now, or the
-    /// later of their slots booked if it comes within `max_wait`
-    /// ([`Dependencies::admit`]).
-    pub fn admit_to(&self, tenant: &str, dependency: &str, max_wait: Duration) -> Answer {
+    /// one) from the dependency's lanes and the global bucket, now, or when
+    /// to ask again ([`Dependencies::admit`]).
+    pub fn take(&self, tenant: &str, dependency: &str, ask: &Ask<'_>) -> Answer {
         let mut answer = {
             let mut state = self.lock();
             let State {
                 global,
                 dependencies,
+                ..
             } = &mut *state;
-            dependencies.admit(global, tenant, dependency, self.now(), max_wait)
+            dependencies.admit(global, tenant, dependency, ask, self.now())
         };
         self.shared.counters.admission(&answer.admission);
         if self.shared.shadow.load(Ordering::Relaxed) {
@@ -129,27 +131,86 @@ impl FairBucket {
         answer
     }
 
-    /// Counts a worker's calls to `dependency` since its last report, and
-    /// how they went; returns the dependency's pace after it.
-    pub fn count_traffic(
+    /// Counts a fresh failure `tenant` asked about: evidence of the
+    /// dependency's health.
+    pub fn observe(&self, tenant: &str, dependency: &str, observed: Observed) {
+        let now = self.now();
+        self.lock()
+            .dependencies
+            .observe(tenant, dependency, observed, now);
+    }
+
+    /// Counts a success `tenant` recorded: its own lane's, and, for an
+    /// activity the service holds (`known`), a request seen.
+    pub fn record_success(&self, tenant: &str, dependency: &str, known: bool) {
+        let now = self.now();
+        self.lock()
+            .dependencies
+            .record_success(tenant, dependency, known, now);
+    }
+
+    /// Takes one traffic report of `tenant`'s, or says when it may send the
+    /// next (`[dependencies] max_reports_per_second`).
+    ///
+    /// # Errors
+    /// The rate, and the wait until the next report is accepted.
+    pub fn admit_report(&self, tenant: &str) -> Result<(), (f64, Duration)> {
+        let now = self.now();
+        let mut state = self.lock();
+        let rate = state.reports.rate();
+        state
+            .reports
+            .admit(tenant, now)
+            .map_err(|wait| (rate, wait))
+    }
+
+    /// Counts `tenant`'s calls to `dependency` since its last report, and
+    /// how they went; returns the dependency's pace as the tenant sees it.
+    pub fn report_traffic(
         &self,
+        tenant: &str,
         dependency: &str,
         calls: u64,
         successes: u64,
         failures: u64,
     ) -> DependencyStats {
         let now = self.now();
-        let mut state = self.lock();
-        state
+        self.lock()
             .dependencies
-            .count(dependency, now, calls, successes, failures);
-        state.dependencies.stats_of(dependency, now)
+            .report(tenant, dependency, now, calls, successes, failures)
     }
 
-    /// Every tracked dependency's pace and counters.
+    /// Gives up an activity's place in line (it stopped or succeeded while
+    /// deferred).
+    pub fn leave_line(&self, tenant: &str, dependency: &str, activity_id: &str, since_ms: i64) {
+        self.lock()
+            .dependencies
+            .leave(tenant, dependency, activity_id, since_ms);
+    }
+
+    /// Every tracked dependency's pace and counters (the operator's view:
+    /// metrics).
     pub fn dependencies(&self) -> Vec<DependencyStats> {
         let now = self.now();
         self.lock().dependencies.stats(now)
+    }
+
+    /// The dependencies `tenant` used, as it sees them.
+    pub fn dependencies_of(&self, tenant: &str) -> Vec<DependencyStats> {
+        let now = self.now();
+        self.lock().dependencies.stats_of_tenant(tenant, now)
+    }
+
+    /// Each tracked dependency's pace, to persist.
+    pub fn pace_records(&self, now_ms: i64) -> Vec<PaceRecord> {
+        let now = self.now();
+        self.lock().dependencies.snapshot(now, now_ms)
+    }
+
+    /// Takes back the paces persisted before a restart.
+    pub fn restore_paces(&self, records: &[PaceRecord]) {
+        let now = self.now();
+        self.lock().dependencies.restore(records, now);
     }
 
     /// Each dependency's successes and demand since the last call, reset:
@@ -159,12 +220,13 @@ impl FairBucket {
         self.lock().dependencies.take_reports(now)
     }
 
-    /// Sets `dependency`'s fleet-wide pace and this replica's part of it.
-    pub fn set_dependency_grant(&self, dependency: &str, pace: Pace, capacity: &Capacity) {
+    /// Sets `dependency`'s fleet-wide allowance and this replica's part of
+    /// it.
+    pub fn set_dependency_grant(&self, dependency: &str, allowed: f64, capacity: &Capacity) {
         let now = self.now();
         self.lock()
             .dependencies
-            .set_grant(dependency, pace, capacity, now);
+            .set_grant(dependency, allowed, capacity, now);
     }
 
     /// Every dependency paced by its local window again.
@@ -179,7 +241,9 @@ impl FairBucket {
 
     /// A reloaded dependencies configuration, from now on.
     pub fn set_dependencies(&self, config: DependenciesConfig, template: &BucketConfig) {
-        self.lock().dependencies.reconfigure(config, template);
+        let mut state = self.lock();
+        state.reports.set_rate(config.max_reports_per_second);
+        state.dependencies.reconfigure(config, template);
     }
 
     /// Sets the tokens each recorded success deposits from now on.

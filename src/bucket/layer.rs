@@ -1,20 +1,29 @@
-//! [`RetryTokenLayer`]: wraps a service (the tonic server's routes) in
-//! [`RetryToken`], so every request carries a gate to the retry bucket.
+//! [`RetryTokenLayer`]: the tower layer in front of the `RetryBudget`
+//! service. For each call that spends budget it resolves the tenant (the
+//! one the authentication layer proved, or the checked `x-tenant-id`) and
+//! attaches that tenant's [`TenantGate`]; other calls pass untouched.
+//! Health and reflection are other services: the layer does not wrap them.
 
-use tower::Layer;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use tonic::server::NamedService;
+use tower::{Layer, Service};
+
+use super::gate::TenantGate;
 use super::handle::FairBucket;
-use super::service::RetryToken;
 
-/// Builds [`RetryToken`] services that share one bucket.
+/// The methods that spend or count budget: their calls get a gate.
+const SPENDING: [&str; 3] = ["/NextAction", "/RecordSuccess", "/ReportTraffic"];
+
+/// Wraps the `RetryBudget` service with [`RetryToken`].
 #[derive(Debug, Clone)]
 pub struct RetryTokenLayer {
-    /// The bucket every wrapped service takes tokens from.
     bucket: FairBucket,
 }
 
 impl RetryTokenLayer {
-    /// A layer taking tokens from `bucket`.
+    /// A layer handing out gates on `bucket`.
     pub fn new(bucket: FairBucket) -> Self {
         Self { bucket }
     }
@@ -24,6 +33,50 @@ impl<S> Layer<S> for RetryTokenLayer {
     type Service = RetryToken<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RetryToken::new(inner, self.bucket.clone())
+        RetryToken {
+            inner,
+            bucket: self.bucket.clone(),
+        }
+    }
+}
+
+/// The service [`RetryTokenLayer`] makes.
+#[derive(Debug, Clone)]
+pub struct RetryToken<S> {
+    inner: S,
+    bucket: FairBucket,
+}
+
+impl<S: NamedService> NamedService for RetryToken<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for RetryToken<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        if SPENDING.iter().any(|m| path.ends_with(m)) {
+            // A tenant that does not parse gets no gate: the handler refuses
+            // the call with the tenant's own error.
+            let tenant = crate::auth::tenant_of(request.extensions(), request.headers())
+                .ok()
+                .map(Arc::<str>::from);
+            if let Some(tenant) = tenant {
+                request
+                    .extensions_mut()
+                    .insert(TenantGate::new(self.bucket.clone(), tenant));
+            }
+        }
+        self.inner.call(request)
     }
 }

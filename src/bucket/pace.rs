@@ -1,39 +1,48 @@
-//! A dependency's pace: how many retries a second it is allowed, from how
-//! its calls go. Pure: the rule, the configuration, and the window of
-//! recent successes it reads.
+//! A dependency's pace: how many retries a second it is allowed. Pure:
+//! the configuration, the window of a tenant's reported successes, and the
+//! sentence a decision quotes.
 //!
-//! # The rule
-//! A dependency that answers `S` successful calls a second may take
-//! `ratio * S` retries a second (the SRE book's rule of a tenth: retries at
-//! most a tenth of requests), never below `floor` (a few probes keep going,
-//! so a dependency that comes back is noticed) and never above `ceiling`.
-//! When it fails, its successes fall and its retries shrink to the floor on
-//! their own; when it comes back, they grow with its successes. A
-//! configuration may instead pin a static `rate`.
-//!
-//! `S` is counted over the last `window` (a ring of one-second slots), from
-//! what workers tell: each success recorded with the dependency, and the
-//! traffic counts workers report in batches. On PostgreSQL the replicas add
-//! up their counts, so `S` is the fleet's and the allowed rate is the
-//! fleet's (`crate::coord`).
+//! # Two parts
+//! - **What the service sees** sets the dependency's allowance, shared by
+//!   its tenants: the failures it is asked about and the fate of the
+//!   retries it grants (`super::health`). It starts at `initial` with no
+//!   evidence, is cut by trouble down to `floor`, and grows while granted
+//!   retries do not fail, up to `ceiling` or the global rate. A
+//!   configuration may instead pin a static `rate`.
+//! - **What a tenant reports** adds to that tenant alone: `ratio` of the
+//!   successes it reported (`ReportTraffic`) or recorded (`RecordSuccess`)
+//!   over the last `window`, a lane of its own that no other tenant's
+//!   claims can raise (the SRE book's rule of a tenth). The reports stay
+//!   the fast signal: they fall the moment calls stop succeeding.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
 use crate::budget::error::validate_dependency;
-use crate::budget::token::{Pace, PaceRule};
+use crate::budget::token::{Evidence, Pace};
 
-/// Default share of successes that may be retried.
+/// Default share of a tenant's reported successes it may retry on top of
+/// the dependency's allowance.
 pub const DEFAULT_RATIO: f64 = 0.1;
 /// Default floor, retries a second: one probe a second, fleet-wide.
 pub const DEFAULT_FLOOR: f64 = 1.0;
+/// Default starting allowance, retries a second, of a dependency nothing
+/// is known of: enough for a burst of first failures to be retried at
+/// once (20 activities failing within a second), not a retry storm.
+pub const DEFAULT_INITIAL: f64 = 20.0;
 /// Default window over which successes are counted.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(5);
 /// Default seconds of the allowed rate a dependency's bucket holds.
 pub const DEFAULT_BURST_SECONDS: f64 = 1.0;
 /// Default bound on dependencies tracked one by one.
 pub const DEFAULT_MAX_DEPENDENCIES: usize = 64;
+/// Default bound on the dependencies one tenant may have introduced among
+/// those tracked: no tenant fills every slot.
+pub const DEFAULT_MAX_DEPENDENCIES_PER_TENANT: usize = 16;
+/// Default traffic reports a second a tenant may send to one replica: its
+/// workers report about once a second each, so a thousand workers.
+pub const DEFAULT_MAX_REPORTS_PER_SECOND: f64 = 1000.0;
 pub use crate::budget::token::DEFAULT_DEPENDENCY;
 /// The shared entry of the dependencies past `max_dependencies`.
 pub const OVERFLOW_DEPENDENCY: &str = "untracked dependencies";
@@ -45,24 +54,26 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(300);
 ///
 /// ```toml
 /// [dependencies]
-/// ratio = 0.1       # retries a second per success a second
+/// initial = 20.0    # retries a second with no evidence yet
 /// floor = 1.0       # retries a second always allowed (probes)
 /// # ceiling = 50.0  # never more than this (default: only the global rate)
 /// # rate = 20.0     # pins a static rate instead of the adaptive rule
-/// window = "5s"     # successes are counted over this
+/// ratio = 0.1       # a tenant's own extra: retries per reported success
+/// window = "5s"     # reported successes are counted over this
 /// burst_seconds = 1.0
 /// max_dependencies = 64
+/// max_dependencies_per_tenant = 16
 /// [dependencies.named.payments-api]
-/// ratio = 0.2
 /// ceiling = 30.0
 /// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PaceConfig {
-    /// Retries allowed a second per success a second. Default
-    /// [`DEFAULT_RATIO`].
-    pub ratio: f64,
-    /// Retries a second allowed whatever the successes. Default
+    /// Retries a second a dependency is allowed before the service has
+    /// seen anything of it, and where its allowance settles once the
+    /// evidence has aged out. Default [`DEFAULT_INITIAL`].
+    pub initial: f64,
+    /// Retries a second allowed however much trouble is seen. Default
     /// [`DEFAULT_FLOOR`].
     pub floor: f64,
     /// Retries a second never exceeded. Default: none (the global rate
@@ -72,10 +83,13 @@ pub struct PaceConfig {
     /// A static rate, retries a second, instead of the adaptive rule.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
-    /// How long successes count. Default [`DEFAULT_WINDOW`].
+    /// Retries a second a tenant may add for itself per success a second
+    /// it reported. Default [`DEFAULT_RATIO`].
+    pub ratio: f64,
+    /// How long reported successes count. Default [`DEFAULT_WINDOW`].
     #[serde(with = "crate::setting::duration")]
     pub window: Duration,
-    /// The dependency's bucket holds this many seconds of its allowed rate
+    /// A dependency's bucket holds this many seconds of its allowed rate
     /// (at least one token). Default [`DEFAULT_BURST_SECONDS`].
     pub burst_seconds: f64,
 }
@@ -83,10 +97,11 @@ pub struct PaceConfig {
 impl Default for PaceConfig {
     fn default() -> Self {
         Self {
-            ratio: DEFAULT_RATIO,
+            initial: DEFAULT_INITIAL,
             floor: DEFAULT_FLOOR,
             ceiling: None,
             rate: None,
+            ratio: DEFAULT_RATIO,
             window: DEFAULT_WINDOW,
             burst_seconds: DEFAULT_BURST_SECONDS,
         }
@@ -94,19 +109,27 @@ impl Default for PaceConfig {
 }
 
 /// `[dependencies]`: the pace of unnamed dependencies, the ones named, and
-/// the bound on how many are tracked.
+/// the bounds on how many are tracked.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DependenciesConfig {
     /// The pace of every dependency not named below.
     #[serde(flatten)]
     pub default: PaceConfig,
-    /// Dependencies with a pace of their own.
+    /// Dependencies with a pace of their own: always tracked.
     pub named: BTreeMap<String, PaceConfig>,
     /// How many dependencies are tracked one by one; past it, new ones
-    /// share one entry ([`OVERFLOW_DEPENDENCY`]), paced by the default.
-    /// Default [`DEFAULT_MAX_DEPENDENCIES`].
+    /// share one entry ([`OVERFLOW_DEPENDENCY`]), paced by the default, and
+    /// are told so. Default [`DEFAULT_MAX_DEPENDENCIES`].
     pub max_dependencies: usize,
+    /// How many of the tracked dependencies one tenant may have introduced
+    /// (named first); its further names share the untracked entry.
+    /// Default [`DEFAULT_MAX_DEPENDENCIES_PER_TENANT`].
+    pub max_dependencies_per_tenant: usize,
+    /// Traffic reports a second each tenant may send to this replica
+    /// (`ReportTraffic`); past it, a report is refused with when to send
+    /// the next. Default [`DEFAULT_MAX_REPORTS_PER_SECOND`].
+    pub max_reports_per_second: f64,
 }
 
 impl Default for DependenciesConfig {
@@ -115,6 +138,8 @@ impl Default for DependenciesConfig {
             default: PaceConfig::default(),
             named: BTreeMap::new(),
             max_dependencies: DEFAULT_MAX_DEPENDENCIES,
+            max_dependencies_per_tenant: DEFAULT_MAX_DEPENDENCIES_PER_TENANT,
+            max_reports_per_second: DEFAULT_MAX_REPORTS_PER_SECOND,
         }
     }
 }
@@ -143,6 +168,9 @@ pub enum PaceConfigError {
     /// No dependency could be tracked.
     #[error("max_dependencies must be 1 to 4096, got {0}")]
     MaxDependencies(usize),
+    /// No tenant could introduce a dependency, or one could fill them all.
+    #[error("max_dependencies_per_tenant must be 1 to max_dependencies, got {0}")]
+    MaxDependenciesPerTenant(usize),
 }
 
 impl PaceConfig {
@@ -159,6 +187,13 @@ impl PaceConfig {
         }
         if !rate.contains(&self.floor) {
             return Err(out("floor", "between 0.001 and 1000000", self.floor));
+        }
+        if !(self.floor..=*rate.end()).contains(&self.initial) {
+            return Err(out(
+                "initial",
+                "between the floor and 1000000",
+                self.initial,
+            ));
         }
         if let Some(ceiling) = self.ceiling
             && !(self.floor..=*rate.end()).contains(&ceiling)
@@ -183,31 +218,24 @@ impl PaceConfig {
         Ok(())
     }
 
-    /// The retries a second allowed to a dependency with `successes` a
-    /// second, and the part of the rule that set it.
-    pub fn allowed(&self, successes: f64) -> (f64, PaceRule) {
-        if let Some(pinned) = self.rate {
-            return (pinned, PaceRule::Static);
-        }
-        let share = self.ratio * successes.max(0.0);
-        if share <= self.floor {
-            (self.floor, PaceRule::Floor)
-        } else if let Some(ceiling) = self.ceiling.filter(|&c| share >= c) {
-            (ceiling, PaceRule::Ceiling)
-        } else {
-            (share, PaceRule::Ratio)
+    /// The limits the adaptive rule works within, under the global rate
+    /// `global` (the ceiling, if lower, caps it).
+    pub fn limits(&self, global: f64) -> super::health::Limits {
+        let cap = self
+            .ceiling
+            .map_or(global, |c| c.min(global))
+            .max(self.floor);
+        super::health::Limits {
+            floor: self.floor,
+            initial: self.initial.min(cap),
+            cap,
         }
     }
 
-    /// The pace of a dependency with `successes` a second.
-    pub fn pace(&self, successes: f64) -> Pace {
-        let (allowed, rule) = self.allowed(successes);
-        Pace {
-            allowed,
-            successes,
-            ratio: self.ratio,
-            rule,
-        }
+    /// What a tenant's reported `successes` a second add for it alone.
+    pub fn earned(&self, successes: f64) -> f64 {
+        let earned = self.ratio * successes.max(0.0);
+        self.ceiling.map_or(earned, |c| earned.min(c))
     }
 
     /// Tokens the dependency's bucket holds at `allowed` a second.
@@ -245,6 +273,19 @@ impl DependenciesConfig {
         }
         if !(1..=4096).contains(&self.max_dependencies) {
             return Err(PaceConfigError::MaxDependencies(self.max_dependencies));
+        }
+        if !(1.0..=1e6).contains(&self.max_reports_per_second) {
+            return Err(PaceConfigError::OutOfRange {
+                dependency: DEFAULT_DEPENDENCY.to_owned(),
+                field: "max_reports_per_second",
+                range: "between 1 and 1000000",
+                got: self.max_reports_per_second,
+            });
+        }
+        if !(1..=self.max_dependencies).contains(&self.max_dependencies_per_tenant) {
+            return Err(PaceConfigError::MaxDependenciesPerTenant(
+                self.max_dependencies_per_tenant,
+            ));
         }
         Ok(())
     }
@@ -302,6 +343,31 @@ impl SuccessWindow {
         self.slots = slots;
     }
 
+    /// A window that reads `rate` successes a second at `now`, as if they
+    /// had been counted over its whole seconds: a tenant's reported rate,
+    /// restored after a restart, fades as the window moves on.
+    pub fn seeded(window: Duration, now: Duration, rate: f64) -> Self {
+        let mut w = Self::new(window);
+        if rate <= 0.0 {
+            return w;
+        }
+        let rate = rate.min(1e12);
+        let second = now.as_secs();
+        let whole = w.slots.len() as u64 - 1;
+        if second == 0 {
+            // Its first second reads what it counted so far.
+            w.add(now, rate.round() as u64);
+            return w;
+        }
+        let first = second.saturating_sub(whole);
+        for (k, s) in (first..second).enumerate() {
+            let n = ((k + 1) as f64 * rate).floor() - (k as f64 * rate).floor();
+            w.add(Duration::from_secs(s), n as u64);
+        }
+        w.first = Some(first);
+        w
+    }
+
     /// Counts `n` successes at `now`.
     pub fn add(&mut self, now: Duration, n: u64) {
         let second = self.advance(now);
@@ -331,7 +397,13 @@ impl SuccessWindow {
             return current as f64;
         }
         let span = (second - first).min(len - 1);
-        (self.slots.iter().sum::<u64>() - current) as f64 / span as f64
+        // Saturating: a count near u64::MAX must not wrap the sum (a
+        // crafted report could otherwise pin the rate near zero).
+        let total = self
+            .slots
+            .iter()
+            .fold(0u64, |sum, n| sum.saturating_add(*n));
+        total.saturating_sub(current) as f64 / span as f64
     }
 
     /// Moves the window to `now`, clearing the seconds it leaves behind;
@@ -350,31 +422,51 @@ impl SuccessWindow {
 }
 
 impl fmt::Display for Pace {
-    /// "3.2 retries/s allowed (10% of 32 successes/s)".
+    /// "4.1 retries/s allowed: 38 of the 40 retries granted in the last
+    /// 10 s failed", and, when the asking tenant earned some by its
+    /// reported successes, "; 3.2 more for this tenant (10% of its 32
+    /// successes/s)".
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let allowed = Rate(self.allowed);
-        let successes = Rate(self.successes);
-        let percent = Rate(self.ratio * 100.0);
-        match self.rule {
-            PaceRule::Ratio => write!(
+        if !self.tracked {
+            write!(
                 f,
-                "{allowed} retries/s allowed ({percent}% of {successes} successes/s)"
-            ),
-            PaceRule::Floor => write!(
-                f,
-                "{allowed} retries/s allowed (its floor: {percent}% of {successes} successes/s is less)"
-            ),
-            PaceRule::Ceiling => write!(
-                f,
-                "{allowed} retries/s allowed (its ceiling: {percent}% of {successes} successes/s is more)"
-            ),
-            PaceRule::Static => write!(f, "{allowed} retries/s allowed (a static rate)"),
+                "not tracked on its own (it shares the entry \"{OVERFLOW_DEPENDENCY}\"): "
+            )?;
         }
+        write!(
+            f,
+            "{} retries/s allowed: {}",
+            Rate(self.allowed),
+            self.evidence
+        )?;
+        if self.earned > 0.0 {
+            write!(
+                f,
+                "; {} more for this tenant ({}% of its {} successes/s)",
+                Rate(self.earned),
+                Rate(self.ratio * 100.0),
+                Rate(self.successes)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The pace of a dependency with the static `rate` or the allowance
+/// `allowed` (the evidence says which), without a tenant's own lane.
+pub fn pace(allowed: f64, evidence: Evidence, tracked: bool) -> Pace {
+    Pace {
+        allowed,
+        earned: 0.0,
+        successes: 0.0,
+        ratio: 0.0,
+        evidence,
+        tracked,
     }
 }
 
 /// A rate printed with up to three significant decimals, no trailing zeros.
-struct Rate(f64);
+pub(crate) struct Rate(pub(crate) f64);
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -398,31 +490,47 @@ impl fmt::Display for Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::token::HealthState;
 
     #[test]
-    fn the_rule_is_a_share_of_successes_between_floor_and_ceiling() {
+    fn the_limits_and_the_earned_lane_respect_the_ceiling_and_the_global_rate() {
         let mut c = PaceConfig::default();
-        assert_eq!(c.allowed(0.0), (DEFAULT_FLOOR, PaceRule::Floor));
-        assert_eq!(c.allowed(5.0), (DEFAULT_FLOOR, PaceRule::Floor));
-        assert_eq!(c.allowed(320.0), (32.0, PaceRule::Ratio));
+        let l = c.limits(100.0);
+        assert_eq!((l.floor, l.initial, l.cap), (1.0, 20.0, 100.0));
+        assert_eq!(c.limits(10.0).initial, 10.0, "never above the cap");
+        assert_eq!(c.earned(320.0), 32.0);
         c.ceiling = Some(20.0);
-        assert_eq!(c.allowed(320.0), (20.0, PaceRule::Ceiling));
-        c.rate = Some(7.0);
-        assert_eq!(c.allowed(320.0), (7.0, PaceRule::Static));
+        assert_eq!(c.limits(100.0).cap, 20.0);
+        assert_eq!(c.earned(320.0), 20.0);
         assert_eq!(c.burst(0.2), 1, "at least one token");
         assert_eq!(c.burst(32.7), 32);
     }
 
     #[test]
     fn a_pace_reads_as_a_sentence_with_its_numbers() {
-        let c = PaceConfig::default();
+        let evidence = Evidence {
+            state: HealthState::Trouble,
+            granted: 40,
+            retries_failed: 38,
+            ..Evidence::default()
+        };
+        let mut p = pace(4.1, evidence, true);
         assert_eq!(
-            c.pace(32.0).to_string(),
-            "3.2 retries/s allowed (10% of 32 successes/s)"
+            p.to_string(),
+            "4.1 retries/s allowed: 38 of the 40 retries granted in the last 10 s failed"
         );
+        p.earned = 3.2;
+        p.ratio = 0.1;
+        p.successes = 32.0;
+        assert!(
+            p.to_string()
+                .ends_with("; 3.2 more for this tenant (10% of its 32 successes/s)")
+        );
+        p.tracked = false;
+        assert!(p.to_string().starts_with("not tracked on its own"));
         assert_eq!(
-            c.pace(0.0).to_string(),
-            "1 retries/s allowed (its floor: 10% of 0 successes/s is less)"
+            pace(20.0, Evidence::default(), true).to_string(),
+            "20 retries/s allowed: no evidence yet: its starting allowance"
         );
     }
 

@@ -122,6 +122,11 @@ impl Tenants {
         &mut self.slots[i as usize]
     }
 
+    /// The entry of `name`, if it is tracked.
+    pub fn find(&self, name: &str) -> Option<u32> {
+        self.index.get(name).copied()
+    }
+
     /// Summed weight of the backlogged tenants.
     pub fn backlogged_weight(&self) -> u64 {
         self.backlogged_weight

@@ -26,17 +26,15 @@ use std::sync::Arc;
 
 use super::action::{Action, Budget, ErrorClass};
 use super::codes;
-use super::decision::{Deadline, Failure, RetryPlan, decide, exceed, settle};
+use super::decision::{Failure, RetryPlan, decide, exceed, settle};
 use super::hint::RawHints;
-use super::token::{Answer, TokenGate};
+use super::token::{Ask, Observed, Payment, TokenGate};
 
 pub use super::error::{
     BudgetError, ErrorKind, MAX_DEPENDENCY_BYTES, MAX_ID_BYTES, validate_activity_id,
     validate_dependency, validate_workflow_id,
 };
-pub use super::record::{
-    ActivityKey, ActivityRecord, Event, EventKind, Policy, Reservation, Status,
-};
+pub use super::record::{ActivityKey, ActivityRecord, Deferral, Event, EventKind, Policy, Status};
 pub use super::tenant::{DEFAULT_TENANT, MAX_TENANT_BYTES, validate as validate_tenant};
 
 /// A failure report of the durable form of `NextAction`.
@@ -83,63 +81,76 @@ pub struct Replay {
     pub policy: Policy,
 }
 
-/// A new decision and the record it produces. Settle the token
-/// ([`Draft::settle`]), then [`finish`](Self::finish) it and make the record
-/// durable before replying.
+/// A new decision and the record it produces. Ask the budget
+/// ([`Draft::take_token`]), then [`finish`](Self::finish) it and make the
+/// record durable before replying, unless [`Draft::needs_write`] says
+/// nothing changed.
 #[derive(Debug)]
 pub struct Draft {
     record: ActivityRecord,
     event: Event,
-    /// True when a deferral's booked slot pays for this retry.
-    reserved: bool,
-    /// True when a deferral decided now has a token booked.
-    booked: bool,
+    /// A deferred attempt asked again: its failure was counted when it was
+    /// first deferred, and a deferral again writes nothing.
+    asked_again: bool,
+    /// Its place in line, from its first deferral.
+    waiting_since_ms: Option<i64>,
 }
 
 impl Draft {
-    /// Whether the decision is a retry that needs a global token from the
-    /// bucket. False for stops, and for a retry paid by a reservation.
-    pub fn wants_token(&self) -> bool {
-        self.event.action == Some(Action::ScheduleRetry) && !self.reserved
-    }
-
     /// The action decided so far.
     pub fn action(&self) -> Action {
         self.event.action.unwrap_or(Action::ScheduleRetry)
     }
 
-    /// Asks `gate` for the retry's token when it wants one (see
-    /// [`Draft::wants_token`]), and applies the answer: a retry, a deferral
-    /// (the attempt is not consumed), or `deadline_exceeded` when the slot
-    /// comes too late. A gate not asked gives its token back when dropped.
-    pub fn take_token(&mut self, gate: impl TokenGate, now_ms: i64) {
-        if self.wants_token() {
-            let answer = gate.take(self.max_wait(now_ms));
-            self.settle(answer, now_ms);
+    /// Tells `gate` of a fresh failure, asks it for the retry's token when
+    /// the decision is a retry, and applies the answer: a retry, or a
+    /// deferral (the attempt is not consumed). A deferred attempt that
+    /// stops gives up its place in line.
+    pub fn take_token(&mut self, mut gate: impl TokenGate, now_ms: i64) {
+        if !self.asked_again {
+            gate.observe(Observed {
+                retry_failed: self.event.attempt >= 2,
+            });
+        }
+        if self.action() != Action::ScheduleRetry {
+            if let Some(since_ms) = self.waiting_since_ms {
+                gate.leave(&self.record.activity_id, since_ms);
+            }
+            return;
+        }
+        let ask = Ask {
+            activity_id: Some(&self.record.activity_id),
+            waiting_since_ms: self.waiting_since_ms,
+            now_ms,
+        };
+        let answer = gate.take(&ask);
+        settle(
+            &mut self.event,
+            answer,
+            now_ms,
+            Some(self.record.deadline()),
+        );
+        if self.asked_again && self.event.payment.is_token() {
+            // The worker is here now: the retry starts now, or at its
+            // planned start if that is later.
+            let planned = self.event.not_before_ms.unwrap_or(now_ms);
+            self.event.not_before_ms = Some(planned.max(now_ms));
+            if self.waiting_since_ms.is_some() {
+                self.event
+                    .reason
+                    .push_str("; its turn in line came after it was deferred");
+            }
         }
     }
 
-    /// Applies the bucket's answer for this retry (see
-    /// [`decision::settle`](super::decision::settle)).
-    pub fn settle(&mut self, answer: impl Into<Answer>, now_ms: i64) {
-        let deadline = self.deadline();
-        self.booked = settle(&mut self.event, answer, now_ms, Some(deadline));
-    }
-
-    /// How long a booked slot may be from `now_ms` and still leave the
-    /// worker time to ask again before the deadline
-    /// ([`Deadline::latest_deferral_ms`]); zero when that moment has passed.
-    pub fn max_wait(&self, now_ms: i64) -> std::time::Duration {
-        let left = self
-            .deadline()
-            .latest_deferral_ms()
-            .saturating_sub(now_ms)
-            .max(0);
-        std::time::Duration::from_millis(left.unsigned_abs())
-    }
-
-    fn deadline(&self) -> Deadline {
-        self.record.deadline()
+    /// Whether the record changes: not when a deferred attempt asked again
+    /// is deferred again keeping its place (its place and first deferral
+    /// stand; the answer is not recorded, so asking costs no write). One
+    /// that held no place and takes one now is written, so it keeps it.
+    pub fn needs_write(&self) -> bool {
+        !(self.asked_again
+            && self.action() == Action::Deferred
+            && self.event.payment.place() == self.waiting_since_ms)
     }
 
     /// Appends the event and applies the decision to the record.
@@ -148,15 +159,15 @@ impl Draft {
         let action = self.action();
         match action {
             Action::Deferred => {
-                self.record.reservation = Some(Reservation {
+                self.record.deferral = Some(Deferral {
                     attempt: self.event.attempt,
                     not_before_ms: self.event.not_before_ms.unwrap_or(now_ms),
-                    booked: self.booked,
+                    waiting_since_ms: self.event.payment.place(),
                 });
             }
             _ => {
                 self.record.attempts = self.event.attempt;
-                self.record.reservation = None;
+                self.record.deferral = None;
                 if action.is_terminal() {
                     self.record.close(action.code(), now_ms);
                 } else if action == Action::ManualReview {
@@ -183,7 +194,7 @@ pub struct Defaults {
 ///
 /// `now_ms` is the service's clock, read once by the caller: it stamps a
 /// report without `occurred_at` (and the stamp is recorded), dates the event
-/// for audits, and tells whether a booked slot has come; it never enters
+/// for audits, and tells whether a deferral's time has come; it never enters
 /// the budget arithmetic.
 ///
 /// # Errors
@@ -238,27 +249,26 @@ pub fn plan(
             got: report.attempt,
         });
     }
-    let mut reserved = false;
     // Asked again after a deferral: the worker is here now, on the
     // service's clock, so the retry cannot start before `now_ms`.
     let mut asked_again = false;
-    if let Some(record) = &existing {
-        if let Some(reservation) = record.reservation
-            && reservation.attempt == report.attempt
+    let mut waiting_since_ms = None;
+    if let Some(record) = &existing
+        && let Some(deferral) = record.deferral
+        && deferral.attempt == report.attempt
+    {
+        if now_ms < deferral.not_before_ms
+            && let Some(event) = record.deferral_of(report.attempt)
         {
-            if now_ms < reservation.not_before_ms
-                && let Some(event) = record.deferral_of(report.attempt)
-            {
-                // Asked again before the booked slot: the same deferral,
-                // without touching the bucket (no busy loop).
-                return Ok(Plan::Replay(Replay {
-                    event: Arc::clone(event),
-                    policy: record.policy,
-                }));
-            }
-            reserved = reservation.booked;
-            asked_again = true;
+            // Asked again before its time: the same deferral, without
+            // touching the budget (no busy loop).
+            return Ok(Plan::Replay(Replay {
+                event: Arc::clone(event),
+                policy: record.policy,
+            }));
         }
+        asked_again = true;
+        waiting_since_ms = deferral.waiting_since_ms;
     }
 
     let occurred_at_ms = report.occurred_at_ms.unwrap_or(now_ms);
@@ -276,7 +286,7 @@ pub fn plan(
             status: Status::Open,
             closed_code: None,
             closed_at_ms: None,
-            reservation: None,
+            deferral: None,
             events: Vec::new(),
         },
     };
@@ -301,7 +311,7 @@ pub fn plan(
         occurred_at_ms: Some(occurred_at_ms),
     };
     let retry = RetryPlan {
-        activity_id: &key.activity_id,
+        activity_id: Some(&key.activity_id),
         params: policy.delay_params(),
         deadline: Some(record.deadline()),
     };
@@ -315,37 +325,22 @@ pub fn plan(
     )?;
     event.occurred_at_stamped = report.occurred_at_ms.is_none();
     event.dependency = (!report.dependency.is_empty()).then(|| report.dependency.to_owned());
-    if reserved
-        && event.action == Some(Action::ScheduleRetry)
-        && let Some(planned) = event.not_before_ms
-    {
-        // The booked slot's token is this retry's: recorded as taken when
-        // the decision is (a dry run records nothing, and answers that it
-        // took nothing: see `Event::taken_by_this_call`).
-        event.token_taken = true;
-        event
-            .reason
-            .push_str("; paid by the slot booked when it was deferred");
-        let slot = record.reservation.map_or(planned, |r| r.not_before_ms);
-        event.not_before_ms = Some(planned.max(slot));
-    }
     let deadline = record.deadline();
     if asked_again && event.action == Some(Action::ScheduleRetry) && now_ms >= deadline.at_ms() {
         // Whatever `occurred_at` says, a retry granted now would start
-        // past the deadline; a booked slot's token goes unused.
+        // past the deadline.
         exceed(
             &mut event,
             deadline,
             now_ms,
             "the deferred attempt was asked again",
         );
-        reserved = false;
     }
     Ok(Plan::Fresh(Draft {
         record,
         event,
-        reserved,
-        booked: false,
+        asked_again,
+        waiting_since_ms,
     }))
 }
 
@@ -452,12 +447,12 @@ fn transition(
         action: None,
         code: code.to_owned(),
         reason,
-        token_taken: false,
-        slot_booked: false,
+        payment: Payment::Nothing,
         defer_reason: None,
         rule: None,
         hint: None,
         dependency: None,
+        dependency_untracked: false,
         recorded_at_ms: now_ms,
     })
 }

@@ -29,24 +29,29 @@ pub const RESOLVED_RETRY: &str = "resolved_retry";
 /// Deferral reason: the tenant has taken its share while other tenants want
 /// theirs; its next slot is booked.
 pub const TENANT_SHARE_EXHAUSTED: &str = "tenant_share_exhausted";
-/// Deferral reason: the whole bucket is empty (a lone tenant's slot is
-/// booked), or it has promised as far ahead as it may (nothing is booked).
+/// Deferral reason: the global bucket is empty, or this replica holds no
+/// grant yet.
 pub const GLOBAL_CAPACITY_EXHAUSTED: &str = "global_capacity_exhausted";
 /// Deferral reason: the dependency the failed call went to has used the
-/// retries its pace allows (a share of its successes, or its floor); a
-/// slot of its budget is booked, or nothing when it has promised as far
-/// ahead as it may.
+/// retries its pace allows, or the tenant's retries deferred earlier wait
+/// ahead in line.
 pub const DEPENDENCY_BUDGET_EXHAUSTED: &str = "dependency_budget_exhausted";
 /// A dependency name that is too long or has characters outside printable
 /// ASCII.
 pub const INVALID_DEPENDENCY: &str = "invalid_dependency";
-/// Deferral reason: the tenant already has slots booked up to the
-/// reservation horizon; nothing is booked, ask again later.
+/// A traffic report's counts that cannot be: above the per-report maximum,
+/// or successes plus failures above calls.
+pub const INVALID_TRAFFIC: &str = "invalid_traffic";
+/// A traffic report naming more dependencies than one report may.
+pub const TOO_MANY_DEPENDENCIES: &str = "too_many_dependencies";
+/// A tenant sending traffic reports faster than it may.
+pub const TRAFFIC_REPORTS_TOO_FREQUENT: &str = "traffic_reports_too_frequent";
+/// Deferral reason: the tenant's line of the dependency is full; no place
+/// was taken, ask again later.
 pub const TENANT_BACKLOG_FULL: &str = "tenant_backlog_full";
-/// Refusal reason: the tenant's next slot comes later than the caller can
-/// wait (its deadline, less the time to ask again); nothing is booked. The
-/// durable decision turns it into `deadline_exceeded`, so a worker sees it
-/// only as shadow mode's `defer_reason`.
+/// A deferral reason of earlier releases (a booked slot past the caller's
+/// wait), no longer sent; kept so that recorded events and clients that
+/// match on it still read.
 pub const RESERVATION_PAST_MAX_WAIT: &str = "reservation_past_max_wait";
 
 /// The reference's error for an attempt number below 1.
@@ -193,6 +198,9 @@ pub const ALL: &[&str] = &[
     DEPENDENCY_BUDGET_EXHAUSTED,
     RESERVATION_PAST_MAX_WAIT,
     INVALID_DEPENDENCY,
+    INVALID_TRAFFIC,
+    TOO_MANY_DEPENDENCIES,
+    TRAFFIC_REPORTS_TOO_FREQUENT,
     ATTEMPT_MUST_BE_POSITIVE,
     UNKNOWN_ERROR_CLASS,
     EMPTY_ACTIVITY_ID,

@@ -5,11 +5,9 @@
 //! the durable form on the budget its record holds
 //! ([`super::activity::plan`]). Both go through [`decide`] (the reference
 //! `next_action`, the server's do-not-retry, the retry's delay) and
-//! [`settle`] (what the global token's answer makes of a retry), so each
+//! [`settle`] (what the budget's answer makes of a retry), so each
 //! rule and each sentence of a reason exists once. The result is an
 //! [`Event`]: the durable form records it, the pure form returns it.
-
-use std::time::Duration;
 
 use super::action::{Action, Budget, ErrorClass, explain, next_action};
 use super::codes;
@@ -17,7 +15,7 @@ use super::delay::{DelayParams, retry_delay};
 use super::error::{BudgetError, validate_activity_id};
 use super::hint::{GRPC_PUSHBACK_DO_NOT_RETRY, Hint, RawHints, normalize};
 use super::record::{Event, EventKind};
-use super::token::{Admission, Answer, TokenGate};
+use super::token::{Admission, Answer, Ask, Observed, Payment, TokenGate};
 
 /// A failed attempt as reported, whichever form of `NextAction` carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +35,13 @@ pub struct Failure<'a> {
 /// `started_at_ms` (the logical time of its first failure).
 ///
 /// One instant, judged against every lower bound on when the retry can
-/// start: the planned start (`occurred_at + delay`, the caller's clock), a
-/// booked slot or turn (`now + wait`, the service's clock) and, for an
-/// attempt asked again after a deferral, the moment it is asked (the
-/// service's clock). A retry any of them puts past the deadline is
-/// `deadline_exceeded`; the two clocks are taken to agree (NTP), as
-/// `[limits] max_timestamp_past` and `max_timestamp_future` already assume.
+/// start: the planned start (`occurred_at + delay`, the caller's clock) and,
+/// for an attempt asked again after a deferral, the moment it is asked (the
+/// service's clock). A retry either puts past the deadline is
+/// `deadline_exceeded`; a queue of turns never is: a deferral points the
+/// worker at most at the deadline, and it gets its stop then if no token
+/// came. The two clocks are taken to agree (NTP), as `[limits]
+/// max_timestamp_past` and `max_timestamp_future` already assume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
     /// The logical start, unix milliseconds.
@@ -58,13 +57,6 @@ impl Deadline {
         self.started_at_ms.saturating_add(ms)
     }
 
-    /// The latest `not_before` a deferral may give: [`REASK_MARGIN_MS`]
-    /// before the deadline, so that the worker asking again at `not_before`
-    /// still arrives before it.
-    pub fn latest_deferral_ms(&self) -> i64 {
-        self.at_ms().saturating_sub(REASK_MARGIN_MS)
-    }
-
     /// The reason of a retry that could only start at `start_ms`, past it.
     fn missed(&self, start_ms: i64, why: &str, note: &str) -> String {
         format!(
@@ -75,13 +67,6 @@ impl Deadline {
     }
 }
 
-/// The least time a deferral leaves between its `not_before` and the
-/// activity's deadline. A deferred worker must come back and ask again
-/// before its retry can start; pointed at a moment closer to the deadline
-/// than one round trip and a scheduler's delay, the only answer it could
-/// get is `deadline_exceeded`, so it gets that answer at once instead.
-pub const REASK_MARGIN_MS: i64 = 1_000;
-
 /// Turns a retry that could only start at `start_ms` into
 /// `deadline_exceeded`, saying why (`why` names what set `start_ms`).
 pub(super) fn exceed(event: &mut Event, deadline: Deadline, start_ms: i64, why: &str) {
@@ -91,15 +76,17 @@ pub(super) fn exceed(event: &mut Event, deadline: Deadline, start_ms: i64, why: 
     event.not_before_ms = None;
     event.delay_seconds = 0;
     event.delay_ms = 0;
-    event.token_taken = false;
+    event.payment = Payment::Nothing;
+    event.defer_reason = None;
 }
 
 /// What a retry needs to be planned: the activity whose jitter it uses, its
-/// backoff parameters, and its deadline when the caller keeps one.
+/// backoff parameters, and its deadline when it is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPlan<'a> {
-    /// The activity id the jitter is derived from.
-    pub activity_id: &'a str,
+    /// The activity id the jitter is derived from; without one (the pure
+    /// form naming no activity) only a server's hint sets a delay.
+    pub activity_id: Option<&'a str>,
     /// Backoff base and cap.
     pub params: DelayParams,
     /// A retry planned to start past it is `deadline_exceeded` instead.
@@ -108,8 +95,8 @@ pub struct RetryPlan<'a> {
 
 /// Decides a failed attempt on `budget`: the reference `next_action`, a
 /// server's do-not-retry turning a retry into `fail_permanent`, and for a
-/// retry of a named activity (`retry`) the delay, `max(backoff, hint)` from
-/// `occurred_at`, which must start before the deadline.
+/// retry (`retry`) the delay, `max(backoff, hint)` from `occurred_at`,
+/// which must start before the deadline.
 ///
 /// `now_ms` stamps a failure without `occurred_at` and dates the event;
 /// `elapsed_ms` is what the event records of the budget's elapsed time.
@@ -142,15 +129,29 @@ pub fn decide(
         action: None,
         code: String::new(),
         reason: String::new(),
-        token_taken: false,
-        slot_booked: false,
+        payment: Payment::Nothing,
         defer_reason: None,
         rule: failure.rule.map(str::to_owned),
         hint,
         dependency: None,
+        dependency_untracked: false,
         recorded_at_ms: now_ms,
     };
     let mut action = next_action(budget, failure.class);
+    let planned = match (action, retry) {
+        (Action::ScheduleRetry, Some(retry)) => match retry.activity_id {
+            Some(id) => Some(plan_delay(
+                id,
+                budget.attempts,
+                retry.params,
+                hint.as_ref(),
+            )?),
+            None => hint
+                .filter(|h| h.delay_ms > 0)
+                .map(|h| PlannedDelay::hinted(h.delay_ms)),
+        },
+        _ => None,
+    };
     if action == Action::ScheduleRetry && hint.is_some_and(|h| h.do_not_retry) {
         action = Action::FailPermanent;
         event.reason = [
@@ -159,13 +160,7 @@ pub fn decide(
             ")",
         ]
         .concat();
-    } else if let (Action::ScheduleRetry, Some(retry)) = (action, retry) {
-        let planned = plan_delay(
-            retry.activity_id,
-            budget.attempts,
-            retry.params,
-            hint.as_ref(),
-        )?;
+    } else if let (Some(planned), Some(retry)) = (planned, retry) {
         let not_before = occurred_at_ms.saturating_add_unsigned(planned.millis);
         event.backoff_ms = planned.backoff_ms;
         match retry.deadline {
@@ -193,99 +188,113 @@ pub fn decide(
     Ok(event)
 }
 
-/// Applies the global token's answer to a decided retry: a granted token is
-/// taken; otherwise the retry is deferred to the booked slot (or to when to
-/// ask again), and the attempt is not consumed. When that time, or the
-/// planned start if later, leaves less than [`REASK_MARGIN_MS`] before the
-/// deadline (when the caller keeps one), or the bucket found the slot past
-/// the caller's wait ([`codes::RESERVATION_PAST_MAX_WAIT`]), the decision
-/// becomes `deadline_exceeded` instead: no deferral points a worker at a
-/// moment where the only answer left is a stop.
-///
-/// Returns whether a slot is booked for the activity.
+/// Applies the budget's answer to a decided retry: a granted token is
+/// taken; otherwise the retry is deferred (the attempt is not consumed) to
+/// when the budget says to ask again, or to the retry's planned start if
+/// later, and never past the deadline (when the caller keeps one): a
+/// worker pointed at its deadline gets its stop then if no token came by
+/// then. The budget never ends an activity by itself.
 pub fn settle(
     event: &mut Event,
     answer: impl Into<Answer>,
     now_ms: i64,
     deadline: Option<Deadline>,
-) -> bool {
-    let Answer { admission, pace } = answer.into();
-    let (wait, reason, booked) = match admission {
+) {
+    let Answer {
+        admission,
+        pace,
+        untracked,
+    } = answer.into();
+    event.dependency_untracked = untracked;
+    let (wait, reason, waiting_since_ms) = match admission {
         Admission::Granted => {
-            event.token_taken = true;
-            return false;
+            event.payment = Payment::Token;
+            return;
         }
         // Shadow mode: the retry goes ahead; the record says why it would
         // not have.
         Admission::WouldDefer { reason } => {
             event.defer_reason = Some(reason.to_owned());
             event.reason = format!(
-                "{}; shadow mode: the bucket would have deferred it ({})",
+                "{}; shadow mode: the budget would have deferred it ({})",
                 event.reason,
                 whose(event, reason, pace)
             );
-            return false;
+            return;
         }
-        Admission::Deferred { wait, reason } => (wait, reason, true),
-        Admission::Refused {
-            retry_after,
+        Admission::Deferred {
+            wait,
             reason,
-        } => (retry_after, reason, false),
+            waiting_since_ms,
+        } => (wait, reason, waiting_since_ms),
     };
-    // Rounded up: a slot a fraction of a millisecond after a moment is not
+    // Rounded up: a turn a fraction of a millisecond after a moment is not
     // at that moment.
     let wait_ms = i64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
-    let slot_ms = now_ms.saturating_add(wait_ms);
-    let not_before = event
+    let turn_ms = now_ms.saturating_add(wait_ms);
+    let mut not_before = event
         .not_before_ms
-        .map_or(slot_ms, |planned| planned.max(slot_ms));
+        .map_or(turn_ms, |planned| planned.max(turn_ms));
+    let mut until_deadline = false;
     if let Some(deadline) = deadline
-        && (reason == codes::RESERVATION_PAST_MAX_WAIT
-            || not_before > deadline.latest_deferral_ms())
+        && not_before > deadline.at_ms()
     {
-        let why = format!(
-            "retry capacity is exhausted ({}) until",
-            whose(event, reason, pace)
-        );
-        exceed(event, deadline, not_before, &why);
-        return false;
+        if now_ms >= deadline.at_ms() {
+            // Asked at or after the deadline with no token: the deadline
+            // has passed, whatever the logical time of the failure.
+            exceed(
+                event,
+                deadline,
+                now_ms,
+                "no retry token came before the deadline; asked",
+            );
+            return;
+        }
+        not_before = deadline.at_ms();
+        until_deadline = true;
     }
     event.action = Some(Action::Deferred);
     event.code = codes::DEFERRED.to_owned();
-    // A booked slot is a promise, not a token in hand: the token is taken
-    // when the activity reports the attempt again at `not_before`.
-    event.token_taken = false;
-    event.slot_booked = booked;
+    event.payment =
+        waiting_since_ms.map_or(Payment::Nothing, |since_ms| Payment::Turn { since_ms });
     event.defer_reason = Some(reason.to_owned());
-    let what = if booked {
-        "a slot is booked for this activity"
-    } else {
-        "no slot could be booked yet; the next turn comes"
-    };
-    // `not_before` is whichever comes later: the slot, on the service's
-    // clock (`now_ms + wait`), or the retry's planned start, in the
-    // caller's logical time (`occurred_at + delay`). The reason measures it
-    // from the one that set it.
-    let when = match event.not_before_ms {
-        Some(planned) if planned > slot_ms => format!(
-            "{what}; the retry's planned start, {} after occurred_at, is later",
-            seconds(planned.saturating_sub(event.occurred_at_ms))
+    let what = match waiting_since_ms {
+        Some(since) if since < now_ms => format!(
+            "its place in line, taken {} ago, has not come yet",
+            seconds(now_ms - since)
         ),
-        _ => format!("{what} {} from now", seconds(wait_ms)),
+        Some(_) => "it took a place in line".to_owned(),
+        None => "no place in line is held".to_owned(),
+    };
+    // `not_before` is whichever comes later: the turn, on the service's
+    // clock (`now_ms + wait`), or the retry's planned start, in the
+    // caller's logical time (`occurred_at + delay`); at most the deadline.
+    let when = if until_deadline {
+        format!(
+            "ask again at the deadline, {} from now",
+            seconds(not_before - now_ms)
+        )
+    } else {
+        match event.not_before_ms {
+            Some(planned) if planned > turn_ms => format!(
+                "the retry's planned start, {} after occurred_at, is later",
+                seconds(planned.saturating_sub(event.occurred_at_ms))
+            ),
+            _ => format!("ask again in {}", seconds(wait_ms)),
+        }
     };
     event.reason = format!(
-        "retry capacity is exhausted ({}); {when}: report attempt {} again then",
+        "retry capacity is exhausted ({}); {what}; {when}: report attempt {} again then",
         whose(event, reason, pace),
         event.attempt
     );
     event.not_before_ms = Some(not_before);
-    booked
 }
 
 /// Whose budget ran out, for people: the stable reason, and, when the
 /// dependency's budget decided, the dependency and its pace in numbers
-/// ("dependency_budget_exhausted: payments-api: 3.2 retries/s allowed (10%
-/// of 32 successes/s), none free").
+/// ("dependency_budget_exhausted: payments-api: 4.1 retries/s allowed: 38
+/// of the 40 retries granted in the last 10 s failed, none free").
 fn whose(event: &Event, reason: &str, pace: Option<super::token::Pace>) -> String {
     match pace {
         Some(pace) => format!(
@@ -316,10 +325,12 @@ pub struct PureReport<'a> {
 }
 
 /// Decides the pure form: the reference `next_action` on the budget as
-/// given, with the delay of a retry when an activity is named. A retry
-/// takes a global token through `gate` (none for a dry run). The pure form
-/// keeps no record to hold a booked slot, so it books none: without a token
-/// now it is deferred to when the next one comes, and asks again then.
+/// given, with the delay of a retry (the backoff when an activity is named,
+/// a server's hint either way), which must start before the budget's
+/// deadline (`occurred_at - elapsed + deadline`). A retry takes a token
+/// through `gate` (none for a dry run); the pure form keeps no record to
+/// hold a place in line, so without a token it is deferred to when its
+/// turn would come, behind the durable retries in line.
 ///
 /// # Errors
 /// [`BudgetError`] for an invalid activity id.
@@ -329,35 +340,48 @@ pub fn decide_pure(
     max_hint_ms: u64,
     now_ms: i64,
 ) -> Result<Event, BudgetError> {
-    let retry = if report.activity_id.is_empty() {
-        None
-    } else {
+    if !report.activity_id.is_empty() {
         validate_activity_id(report.activity_id)?;
-        Some(RetryPlan {
-            activity_id: report.activity_id,
-            params: report.params,
-            deadline: None,
-        })
-    };
+    }
     let budget = &report.budget;
+    let occurred_at_ms = report.failure.occurred_at_ms.unwrap_or(now_ms);
+    let deadline = Deadline {
+        started_at_ms: occurred_at_ms
+            .saturating_sub(i64::try_from(budget.elapsed.saturating_mul(1000)).unwrap_or(i64::MAX)),
+        seconds: budget.deadline,
+    };
+    let retry = RetryPlan {
+        activity_id: (!report.activity_id.is_empty()).then_some(report.activity_id),
+        params: report.params,
+        deadline: Some(deadline),
+    };
     let elapsed_ms = budget.elapsed.saturating_mul(1000);
     let mut event = decide(
         budget,
         &report.failure,
         elapsed_ms,
-        retry,
+        Some(retry),
         max_hint_ms,
         now_ms,
     )?;
     event.dependency = (!report.dependency.is_empty()).then(|| report.dependency.to_owned());
-    if event.action == Some(Action::ScheduleRetry)
-        && let Some(gate) = gate
-    {
-        settle(&mut event, gate.take(Duration::ZERO), now_ms, None);
+    if let Some(mut gate) = gate {
+        gate.observe(Observed {
+            retry_failed: budget.attempts >= 2,
+        });
+        if event.action == Some(Action::ScheduleRetry) {
+            let ask = Ask {
+                activity_id: None,
+                waiting_since_ms: None,
+                now_ms,
+            };
+            let answer = gate.take(&ask);
+            settle(&mut event, answer, now_ms, Some(deadline));
+        }
     }
     // A retry's start is the caller's own occurred_at plus delay_ms: the
     // pure form keeps no time of the activity to answer it with. Only a
-    // deferral's time (when the next token comes) is the server's to give.
+    // deferral's time (when to ask again) is the server's to give.
     if event.action == Some(Action::ScheduleRetry) {
         event.not_before_ms = None;
     }
@@ -379,6 +403,17 @@ pub struct PlannedDelay {
 }
 
 impl PlannedDelay {
+    /// A delay set by a server's hint alone (no activity to derive a
+    /// backoff from).
+    fn hinted(millis: u64) -> Self {
+        Self {
+            seconds: u32::try_from(millis / 1000).unwrap_or(u32::MAX),
+            millis,
+            backoff_ms: 0,
+            from_hint: true,
+        }
+    }
+
     /// The reason of a planned retry. Every durable retry writes one, so the
     /// numbers go through `itoa` and the pieces are joined once.
     fn describe(&self, budget: &Budget) -> String {

@@ -10,6 +10,7 @@ use super::action::{Action, ErrorClass};
 use super::decision::Deadline;
 use super::delay::{DEFAULT_BASE, DEFAULT_CAP, DelayParams};
 use super::hint::Hint;
+use super::token::Payment;
 
 /// An activity's retry policy, snapshotted on its first report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -128,14 +129,11 @@ pub struct Event {
     pub code: String,
     /// Why, for people.
     pub reason: String,
-    /// Whether a global retry token was taken for it: granted by the
-    /// bucket, or the slot a deferral booked, redeemed.
-    pub token_taken: bool,
-    /// A deferral only: whether a slot is booked for the activity at
-    /// `not_before_ms` (its token is the activity's then); no token was
-    /// taken yet.
+    /// How the retry is paid: a token taken now (granted, or the
+    /// activity's turn in line came), a place in line (a deferral), or
+    /// nothing.
     #[serde(default)]
-    pub slot_booked: bool,
+    pub payment: Payment,
     /// Why the retry was deferred, a stable code (deferrals only).
     #[serde(default)]
     pub defer_reason: Option<String>,
@@ -150,41 +148,44 @@ pub struct Event {
     /// (decisions only; `None` is the default dependency).
     #[serde(default)]
     pub dependency: Option<String>,
+    /// The dependency was not tracked on its own when this was decided.
+    #[serde(default)]
+    pub dependency_untracked: bool,
     /// When the service recorded it, unix milliseconds (audit only).
     pub recorded_at_ms: i64,
 }
 
 impl Event {
-    /// Whether the call answered with this event took a global token
-    /// itself: not a replay (which returns a decision taken before, whose
-    /// token was that call's), and not a dry run (which takes nothing).
-    /// The recorded event keeps its own `token_taken`: its history.
+    /// Whether the call answered with this event took a token itself: not
+    /// a replay (which returns a decision taken before, whose token was
+    /// that call's), and not a dry run (which takes nothing). The recorded
+    /// event keeps its own payment: its history.
     pub fn taken_by_this_call(&self, replayed: bool, dry_run: bool) -> bool {
-        self.token_taken && !replayed && !dry_run
+        self.payment.is_token() && !replayed && !dry_run
     }
 
-    /// Whether the call answered with this event may count on a booked slot
-    /// at `not_before_ms`: a deferral that booked one, answered now or
-    /// replayed while it is pending; never a dry run's.
-    pub fn slot_booked_for_caller(&self, dry_run: bool) -> bool {
-        self.slot_booked && !dry_run
+    /// Whether the call answered with this event holds a place in line: a
+    /// deferral that took one, answered now or replayed while it is
+    /// pending; never a dry run's.
+    pub fn place_held_for_caller(&self, dry_run: bool) -> bool {
+        self.payment.place().is_some() && !dry_run
     }
 }
 
 /// A pending deferral of an activity's retry. Asked again before
 /// `not_before_ms`, the same attempt gets the same deferral without touching
-/// the bucket (no busy loop). At or after it, a booked slot pays for the
-/// retry without asking the bucket again; an unbooked one asks the bucket
-/// anew.
+/// the budget (no busy loop, no write). At or after it, the attempt is
+/// decided afresh, keeping its place in line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reservation {
+pub struct Deferral {
     /// The attempt that was deferred.
     pub attempt: u32,
     /// When to ask again, unix milliseconds (service clock).
     pub not_before_ms: i64,
-    /// Whether a global token is booked for that time.
+    /// Its place in line: the time of its first deferral, unix
+    /// milliseconds; `None` when it holds none (the line was full).
     #[serde(default)]
-    pub booked: bool,
+    pub waiting_since_ms: Option<i64>,
 }
 
 /// Identifies an activity: tenants never share one.
@@ -217,9 +218,9 @@ pub struct ActivityRecord {
     pub closed_code: Option<String>,
     /// When it was closed, unix milliseconds (service clock).
     pub closed_at_ms: Option<i64>,
-    /// A slot booked by a deferral, if one is pending.
+    /// A pending deferral, if any.
     #[serde(default)]
-    pub reservation: Option<Reservation>,
+    pub deferral: Option<Deferral>,
     /// Every decision and transition, oldest first. Shared, not copied, by
     /// the copies of a record: each decision extends a copy of the stored
     /// version (which the store keeps until the new one is durable), and an
@@ -278,6 +279,6 @@ impl ActivityRecord {
         self.status = Status::Closed;
         self.closed_code = Some(code.to_owned());
         self.closed_at_ms = Some(now_ms);
-        self.reservation = None;
+        self.deferral = None;
     }
 }

@@ -256,6 +256,11 @@ struct BucketFlags {
     /// Tokens each RecordSuccess adds back [bucket.success_deposit].
     #[arg(long)]
     success_deposit: Option<f64>,
+    /// The furthest a deferral points a worker ahead, jittered per activity
+    /// between half of it and all of it [bucket.max_deferral].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "duration")]
+    max_deferral: Option<Duration>,
     /// A tenant's fair-share weight, as NAME=WEIGHT (repeatable); the
     /// file's other weights stay [bucket.weights].
     #[arg(long = "tenant-weight", value_parser = parse_weight)]
@@ -268,13 +273,18 @@ struct BucketFlags {
 #[derive(Debug, Clone, Default, Args, Serialize)]
 #[command(next_help_heading = "Each dependency's budget [dependencies]")]
 struct DependencyFlags {
-    /// Retries a second each dependency may take per success a second
-    /// [dependencies.ratio].
+    /// Retries a second a dependency may take before anything is known of
+    /// it [dependencies.initial].
+    #[arg(long)]
+    #[serde(rename = "initial")]
+    dependency_initial: Option<f64>,
+    /// Retries a second a tenant adds for itself per success a second it
+    /// reported [dependencies.ratio].
     #[arg(long)]
     #[serde(rename = "ratio")]
     dependency_ratio: Option<f64>,
-    /// Retries a second each dependency may take whatever its successes
-    /// [dependencies.floor].
+    /// Retries a second each dependency may take however much trouble is
+    /// seen [dependencies.floor].
     #[arg(long)]
     #[serde(rename = "floor")]
     dependency_floor: Option<f64>,

@@ -55,6 +55,11 @@ pub struct DependencyDemand {
     pub success_rate: f64,
     /// The rate of its budget this replica holds.
     pub granted_rate: f64,
+    /// The allowance this replica's evidence argues for, retries a second.
+    pub allowance: f64,
+    /// Requests seen here in the evidence window: this replica's weight in
+    /// the fleet's allowance.
+    pub seen: u64,
 }
 
 impl Demand {
@@ -119,6 +124,8 @@ impl Demand {
                     demand: Some(d.demand.record()),
                     success_rate: d.success_rate,
                     granted_rate: d.granted_rate,
+                    allowance: d.allowance,
+                    seen: d.seen,
                 })
                 .collect(),
         }
@@ -138,12 +145,16 @@ impl Demand {
             .into_iter()
             .map(|d| {
                 let demand = Self::from_record(d.demand.unwrap_or_default())?;
-                (valid(d.success_rate) && valid(d.granted_rate)).then_some(DependencyDemand {
-                    name: d.name,
-                    demand,
-                    success_rate: d.success_rate,
-                    granted_rate: d.granted_rate,
-                })
+                (valid(d.success_rate) && valid(d.granted_rate) && valid(d.allowance)).then_some(
+                    DependencyDemand {
+                        name: d.name,
+                        demand,
+                        success_rate: d.success_rate,
+                        granted_rate: d.granted_rate,
+                        allowance: d.allowance,
+                        seen: d.seen,
+                    },
+                )
             })
             .collect::<Option<Vec<_>>>()?;
         let demand = Self {
@@ -187,6 +198,12 @@ struct DependencyRecord {
     success_rate: f64,
     #[prost(double, tag = "4")]
     granted_rate: f64,
+    /// Absent in a row of a release before the allowance from evidence:
+    /// 0, which the fleet's weighted blend ignores (its `seen` is 0 too).
+    #[prost(double, tag = "5")]
+    allowance: f64,
+    #[prost(uint64, tag = "6")]
+    seen: u64,
 }
 
 /// `retrybudget.coord.v1.TenantDemand`.
@@ -233,6 +250,8 @@ mod tests {
                 demand: inner,
                 success_rate: 32.5,
                 granted_rate: 1.5,
+                allowance: 12.0,
+                seen: 40,
             }],
             ..Demand::from_counts(vec![("a".into(), 4, true)], Duration::from_secs(1), 8)
         };

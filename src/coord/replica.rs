@@ -15,7 +15,6 @@ use super::demand::{
 use super::lease::{self, LeaseWrite};
 use super::{CoordinationConfig, CoordinationState, CoordinationStatus};
 use crate::bucket::{BucketConfig, Capacity, FairBucket};
-use crate::budget::token::Pace;
 
 /// Transactions tried per interval when they fail with SQLSTATE 40001.
 const SERIALIZATION_ATTEMPTS: u32 = 5;
@@ -163,6 +162,8 @@ impl Replica {
                     MAX_PUBLISHED_DEPENDENCY_TENANTS,
                 ),
                 success_rate: report.success_rate,
+                allowance: report.allowance,
+                seen: report.seen,
                 name: report.name,
             })
             .collect();
@@ -300,12 +301,13 @@ impl Replica {
         })
     }
 
-    /// Each dependency any live replica tracks: its fleet-wide pace (from
-    /// the successes every replica counts) and this replica's part of it,
-    /// split as the global rate is ([`allocate`], with the dependency's
-    /// allowed rate for the global one). A dependency new here thus finds
-    /// its fleet's pace at its first retry.
-    fn allocate_dependencies(&self, views: &[ReplicaView]) -> Vec<(String, Pace, ReplicaGrant)> {
+    /// Each dependency any live replica tracks: its fleet-wide allowance
+    /// (the replicas' own, weighted by the requests each saw, as a
+    /// replica weighs its tenants) and this replica's part of it, split as
+    /// the global rate is ([`allocate`], with the dependency's allowance
+    /// for the global one). A dependency new here thus finds its fleet's
+    /// pace at its first retry.
+    fn allocate_dependencies(&self, views: &[ReplicaView]) -> Vec<(String, f64, ReplicaGrant)> {
         let config = self.bucket.dependencies_config();
         let names: std::collections::BTreeSet<&str> = views
             .iter()
@@ -315,16 +317,23 @@ impl Replica {
             .into_iter()
             .take(config.max_dependencies.saturating_add(1))
             .map(|name| {
-                let successes: f64 = views
-                    .iter()
-                    .filter_map(|v| v.demand.dependency(name))
-                    .map(|d| d.success_rate)
-                    .sum();
                 let pace_config = config.pace_of(name);
-                let pace = pace_config.pace(successes);
+                let limits = pace_config.limits(self.budget.rate);
+                let allowed = match pace_config.rate {
+                    Some(rate) => rate,
+                    None => crate::bucket::health::blend(
+                        views
+                            .iter()
+                            .filter_map(|v| v.demand.dependency(name))
+                            .filter(|d| d.allowance > 0.0)
+                            .map(|d| (d.allowance, d.seen)),
+                        limits.initial,
+                    )
+                    .clamp(limits.floor, limits.cap),
+                };
                 let budget = BucketConfig {
-                    rate: pace.allowed,
-                    burst: pace_config.burst(pace.allowed),
+                    rate: allowed,
+                    burst: pace_config.burst(allowed),
                     ..self.budget.clone()
                 };
                 let dependency_views: Vec<ReplicaView> = views
@@ -342,7 +351,7 @@ impl Replica {
                     .collect();
                 (
                     name.to_owned(),
-                    pace,
+                    allowed,
                     allocate(&budget, &dependency_views, 0),
                 )
             })
@@ -350,17 +359,17 @@ impl Replica {
     }
 
     /// Gives dependency `name`'s budget `rate` and `burst` with the grant's
-    /// weights, and the fleet's pace.
+    /// weights, and the fleet's allowance.
     fn apply_dependency(
         &mut self,
         name: &str,
-        pace: Pace,
+        allowed: f64,
         grant: &ReplicaGrant,
         (rate, burst): (f64, u32),
     ) {
         self.bucket.set_dependency_grant(
             name,
-            pace,
+            allowed,
             &Capacity {
                 rate,
                 burst,

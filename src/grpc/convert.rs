@@ -195,8 +195,9 @@ impl From<&Event> for pb::ActivityEvent {
             action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
             code: e.code.clone(),
             reason: e.reason.clone(),
-            token_taken: e.token_taken,
-            slot_booked: e.slot_booked,
+            token_taken: e.payment.is_token(),
+            slot_booked: e.payment.place().is_some(),
+            waiting_since: e.payment.place().map(timestamp),
             recorded_at: Some(timestamp(e.recorded_at_ms)),
             defer_reason: e.defer_reason.clone().unwrap_or_default(),
             rule: e.rule.clone().unwrap_or_default(),
@@ -233,7 +234,7 @@ impl From<ActivityRecord> for pb::Activity {
             status: status_to_pb(r.status) as i32,
             closed_code: r.closed_code.unwrap_or_default(),
             closed_at: r.closed_at_ms.map(timestamp),
-            reservation_not_before: r.reservation.map(|res| timestamp(res.not_before_ms)),
+            reservation_not_before: r.deferral.map(|d| timestamp(d.not_before_ms)),
         }
     }
 }
@@ -244,8 +245,13 @@ impl From<ActivityRecord> for pb::Activity {
 pub(super) fn decision(e: Event, replayed: bool, dry_run: bool) -> pb::NextActionResponse {
     debug_assert_eq!(e.kind, EventKind::Decision);
     let token_taken = e.taken_by_this_call(replayed, dry_run);
-    let slot_booked = e.slot_booked_for_caller(dry_run);
+    let place = e
+        .payment
+        .place()
+        .filter(|_| e.place_held_for_caller(dry_run));
     pb::NextActionResponse {
+        dependency_untracked: e.dependency_untracked,
+        waiting_since: place.map(timestamp),
         dependency: dependency_of(&e),
         action: e.action.map_or(pb::Action::Unspecified, action_to_pb) as i32,
         code: e.code,
@@ -267,7 +273,7 @@ pub(super) fn decision(e: Event, replayed: bool, dry_run: bool) -> pb::NextActio
         // A retry with a reason to defer is one shadow mode let go.
         would_defer: e.action == Some(Action::ScheduleRetry) && e.defer_reason.is_some(),
         token_taken,
-        slot_booked,
+        slot_booked: place.is_some(),
         defer_reason: e.defer_reason.unwrap_or_default(),
     }
 }
@@ -289,20 +295,19 @@ pub(super) fn durable_decision(d: Decided, dry_run: bool) -> pb::NextActionRespo
 
 /// A dependency's pace as `ReportTraffic` answers it.
 pub(super) fn pace(d: crate::bucket::DependencyStats) -> pb::DependencyPace {
-    use crate::budget::token::PaceRule;
+    let state = d.pace.evidence.state.as_str().to_owned();
     pb::DependencyPace {
         explanation: d.pace.to_string(),
         dependency: d.name,
         allowed_rate: d.pace.allowed,
-        success_rate: d.pace.successes,
+        success_rate: d.success_rate,
         ratio: d.pace.ratio,
-        rule: match d.pace.rule {
-            PaceRule::Ratio => "ratio",
-            PaceRule::Floor => "floor",
-            PaceRule::Ceiling => "ceiling",
-            PaceRule::Static => "static",
-        }
-        .to_owned(),
+        rule: state.clone(),
+        state,
+        earned_rate: d.pace.earned,
+        window_retries_granted: d.pace.evidence.granted,
+        window_retries_failed: d.pace.evidence.retries_failed,
+        untracked: !d.pace.tracked,
         replica_rate: d.local_rate,
         calls: d.counters.calls,
         successes: d.counters.successes,

@@ -11,13 +11,14 @@ use super::convert::{self, client_time};
 use super::next_action::{self, Asked, Context};
 use super::pb::{self, retry_budget_server::RetryBudget};
 use super::status;
-use crate::bucket::{FairBucket, Gate};
+use crate::bucket::TenantGate;
 use crate::budget::activity::{
     ActivityKey, BudgetError, validate_activity_id, validate_dependency,
 };
 use crate::budget::classify::RuleSet;
 use crate::budget::decision::decide_pure;
 use crate::budget::timestamp::TimeBounds;
+use crate::budget::traffic::{self, Traffic};
 use crate::budget::{DelayParams, retry_delay};
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, SuccessOutcome};
@@ -47,10 +48,6 @@ impl Draining {
 pub struct RetryBudgetService<S> {
     ledger: Arc<Ledger<S>>,
     draining: Draining,
-    /// The global retry-token bucket: successes deposit into it. Retries
-    /// take its tokens through the [`Gate`] its tower layer puts in every
-    /// request.
-    bucket: Option<FairBucket>,
     /// The classification rules: the operator's overrides, then the
     /// defaults.
     rules: Arc<ArcSwap<RuleSet>>,
@@ -62,17 +59,13 @@ pub struct RetryBudgetService<S> {
 
 impl<S> RetryBudgetService<S> {
     /// The service over a ledger; it refuses new calls once `draining`
-    /// starts. Successes deposit into `bucket`, if any.
-    pub fn new(
-        ledger: Arc<Ledger<S>>,
-        draining: Draining,
-        bucket: Option<FairBucket>,
-        rules: Arc<ArcSwap<RuleSet>>,
-    ) -> Self {
+    /// starts. The retry budget reaches it only as the [`TenantGate`] its
+    /// tower layer puts in each call that spends budget; without the layer
+    /// every retry is granted.
+    pub fn new(ledger: Arc<Ledger<S>>, draining: Draining, rules: Arc<ArcSwap<RuleSet>>) -> Self {
         Self {
             ledger,
             draining,
-            bucket,
             rules,
             metrics: None,
             time_bounds: TimeBounds::default(),
@@ -175,7 +168,7 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
         mut request: Request<pb::NextActionRequest>,
     ) -> Result<Response<pb::NextActionResponse>, Status> {
         self.draining.check()?;
-        let gate = request.extensions_mut().remove::<Gate>();
+        let gate = request.extensions_mut().remove::<TenantGate>();
         let tenant = convert::tenant(request.extensions(), request.metadata())?;
         let req = request.get_ref();
         let rules = self.rules();
@@ -186,7 +179,7 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             time_bounds: &self.time_bounds,
         };
         let asked = next_action::asked(req, tenant, &context)?;
-        let gate = gate.as_ref().map(|g| g.tenant(tenant, &req.dependency));
+        let gate = gate.as_ref().map(|g| g.dependency(&req.dependency));
         let response = match asked {
             Asked::Pure(report) => {
                 // A dry run asks no gate; no token layer is a gate that
@@ -219,9 +212,10 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
 
     async fn record_success(
         &self,
-        request: Request<pb::RecordSuccessRequest>,
+        mut request: Request<pb::RecordSuccessRequest>,
     ) -> Result<Response<pb::RecordSuccessResponse>, Status> {
         self.draining.check()?;
+        let gate = request.extensions_mut().remove::<TenantGate>();
         let now = now_ms();
         let occurred_at_ms = client_time(
             request.get_ref().occurred_at.as_ref(),
@@ -236,20 +230,30 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
             .ledger
             .record_success(&key, occurred_at_ms, now)
             .await?;
-        if let Some(bucket) = &self.bucket {
-            // Every success counts towards its dependency's pace (a call
-            // is counted where the worker reports its traffic)...
-            bucket.count_traffic(dependency, 0, 1, 0);
-            // ...but earns global capacity once: a repeated RecordSuccess
-            // of a closed activity deposits nothing.
-            if outcome != SuccessOutcome::AlreadyClosed {
-                bucket.deposit_success();
+        if let Some(gate) = &gate {
+            match &outcome {
+                // A success the service cannot check counts once, for the
+                // caller's tenant alone, and earns no global capacity.
+                SuccessOutcome::Unknown => gate.record_success(dependency, false, false),
+                // Counted when the activity closed: a repeated call is the
+                // same success.
+                SuccessOutcome::AlreadyClosed => {}
+                SuccessOutcome::Closed { left_line } => {
+                    gate.record_success(dependency, true, true);
+                    if let Some((line, since)) = left_line {
+                        gate.leave_line(
+                            line.as_deref().unwrap_or_default(),
+                            &key.activity_id,
+                            *since,
+                        );
+                    }
+                }
             }
         }
         let (status, changed) = match outcome {
             SuccessOutcome::Unknown => (pb::ActivityStatus::Unspecified, false),
             SuccessOutcome::AlreadyClosed => (pb::ActivityStatus::Closed, false),
-            SuccessOutcome::Closed => (pb::ActivityStatus::Closed, true),
+            SuccessOutcome::Closed { .. } => (pb::ActivityStatus::Closed, true),
         };
         Ok(Response::new(pb::RecordSuccessResponse {
             status: status as i32,
@@ -276,22 +280,33 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
 
     async fn report_traffic(
         &self,
-        request: Request<pb::ReportTrafficRequest>,
+        mut request: Request<pb::ReportTrafficRequest>,
     ) -> Result<Response<pb::ReportTrafficResponse>, Status> {
         self.draining.check()?;
+        let gate = request.extensions_mut().remove::<TenantGate>();
+        convert::tenant(request.extensions(), request.metadata())?;
         let req = request.into_inner();
-        for traffic in &req.dependencies {
-            validate_dependency(&traffic.dependency)?;
-        }
-        let Some(bucket) = &self.bucket else {
+        let report: Vec<Traffic<'_>> = req
+            .dependencies
+            .iter()
+            .map(|t| Traffic {
+                dependency: &t.dependency,
+                calls: t.calls,
+                successes: t.successes,
+                failures: t.failures,
+            })
+            .collect();
+        traffic::validate(&report)?;
+        let Some(gate) = gate else {
             return Ok(Response::new(pb::ReportTrafficResponse::default()));
         };
-        let dependencies = if req.dependencies.is_empty() {
-            bucket.dependencies()
+        let dependencies = if report.is_empty() {
+            gate.dependencies()
         } else {
-            req.dependencies
+            gate.admit_report()?;
+            report
                 .iter()
-                .map(|t| bucket.count_traffic(&t.dependency, t.calls, t.successes, t.failures))
+                .map(|t| gate.report_traffic(t.dependency, t.calls, t.successes, t.failures))
                 .collect()
         };
         Ok(Response::new(pb::ReportTrafficResponse {
@@ -320,7 +335,7 @@ mod tests {
     async fn without_the_token_layer_every_retry_is_granted_and_a_decision_replays() {
         let (_dir, ledger) = crate::ledger::tests::ledger();
         let rules = Arc::new(ArcSwap::from_pointee(RuleSet::new(Vec::new()).unwrap()));
-        let service = RetryBudgetService::new(ledger, Draining::default(), None, rules);
+        let service = RetryBudgetService::new(ledger, Draining::default(), rules);
         let request = |budget| {
             let mut request = Request::new(pb::NextActionRequest {
                 activity_id: "a".into(),

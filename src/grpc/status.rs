@@ -18,6 +18,7 @@ pub use crate::refusal::{ERROR_DOMAIN, Refusal};
 
 use crate::budget::activity::{BudgetError, ErrorKind};
 use crate::budget::codes;
+use crate::budget::traffic::TrafficError;
 use crate::ledger::LedgerError;
 use crate::store::StoreError;
 
@@ -41,6 +42,35 @@ impl Refusal for BudgetError {
 
 impl From<BudgetError> for Status {
     fn from(err: BudgetError) -> Self {
+        err.status()
+    }
+}
+
+/// A traffic report refused: bad counts, or too many reports a second
+/// (`RESOURCE_EXHAUSTED`, with when to send the next).
+impl Refusal for TrafficError {
+    fn grpc_code(&self) -> Code {
+        match self {
+            TrafficError::TooFrequent { .. } => Code::ResourceExhausted,
+            _ => Code::InvalidArgument,
+        }
+    }
+    fn stable_code(&self) -> &'static str {
+        self.code()
+    }
+    fn details(&self) -> Vec<(&'static str, String)> {
+        self.metadata()
+    }
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            TrafficError::TooFrequent { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+impl From<TrafficError> for Status {
+    fn from(err: TrafficError) -> Self {
         err.status()
     }
 }

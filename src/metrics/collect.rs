@@ -108,48 +108,12 @@ impl Collector for Scraped {
             )?;
             let mut admissions = e.encode_descriptor(
                 "bucket_admissions_refused",
-                "Token requests not granted at once, by outcome and reason",
+                "Token requests deferred (outcome deferred), by reason; counted as enforced in shadow mode",
                 None,
                 MetricType::Counter,
             )?;
-            for (outcome, reason, n) in [
-                (
-                    "deferred",
-                    "tenant_share_exhausted",
-                    stats.deferred_tenant_share,
-                ),
-                (
-                    "deferred",
-                    "global_capacity_exhausted",
-                    stats.deferred_global_capacity,
-                ),
-                (
-                    "refused",
-                    "tenant_backlog_full",
-                    stats.refused_tenant_backlog,
-                ),
-                (
-                    "refused",
-                    "global_capacity_exhausted",
-                    stats.refused_global_capacity,
-                ),
-                (
-                    "refused",
-                    "reservation_past_max_wait",
-                    stats.refused_past_max_wait,
-                ),
-                (
-                    "deferred",
-                    "dependency_budget_exhausted",
-                    stats.deferred_dependency,
-                ),
-                (
-                    "refused",
-                    "dependency_budget_exhausted",
-                    stats.refused_dependency,
-                ),
-            ] {
-                let labels = [("outcome", outcome), ("reason", reason)];
+            for (reason, n) in crate::bucket::DEFER_REASONS.iter().zip(stats.deferred) {
+                let labels = [("outcome", "deferred"), ("reason", *reason)];
                 ConstCounter::new(n).encode(admissions.encode_family(&labels)?)?;
             }
             // The busiest tenants by name, the rest as `other`: the label's
@@ -238,14 +202,30 @@ impl Collector for Scraped {
     }
 }
 
-/// Each dependency's pace and counters: the busiest by name (by retries
-/// asked, then successes), the counters of the rest summed as `other`.
+/// The label of the dependencies past the busiest, summed: it has a
+/// space, which no dependency name has, so it never collides with one.
+pub const OTHER_DEPENDENCIES: &str = "other dependencies";
+
+/// Each dependency's pace, evidence and counters: the busiest by name (by
+/// retries asked, then successes), the counters of the rest summed under
+/// [`OTHER_DEPENDENCIES`]. At most `top` + 1 series a metric (5 a
+/// dependency for the evidence state), whatever names clients send.
 fn dependencies(
     e: &mut DescriptorEncoder,
     bucket: &FairBucket,
     top: usize,
 ) -> Result<(), fmt::Error> {
     let mut all = bucket.dependencies();
+    let untracked = all
+        .iter()
+        .find(|d| d.name == crate::bucket::OVERFLOW_DEPENDENCY)
+        .map_or(0, |d| d.counters.admitted + d.counters.deferred);
+    counter(
+        e,
+        "dependency_untracked_retries",
+        "Retries asked for dependencies not tracked on their own (past max_dependencies or a tenant's max_dependencies_per_tenant): they share one entry and its pace",
+        untracked,
+    )?;
     let busy = |d: &crate::bucket::DependencyStats| {
         (
             d.counters.admitted + d.counters.deferred,
@@ -257,7 +237,7 @@ fn dependencies(
     for (name, help, value) in [
         (
             "dependency_allowed_rate",
-            "Retries a second a dependency may take, fleet-wide: a share of its successes, between its floor and ceiling, or a static rate",
+            "Retries a second a dependency may take, fleet-wide, shared by its tenants: set by what the service sees of it (failures asked about, fates of granted retries), or a static rate",
             (|d: &crate::bucket::DependencyStats| d.pace.allowed) as fn(&_) -> f64,
         ),
         (
@@ -267,14 +247,37 @@ fn dependencies(
         ),
         (
             "dependency_success_rate",
-            "A dependency's successes a second over its pace window, fleet-wide",
-            |d| d.pace.successes,
+            "A dependency's successes a second reported to this replica over its pace window",
+            |d| d.success_rate,
+        ),
+        (
+            "dependency_window_retries_granted",
+            "Retries to a dependency granted in the last 10 s (its evidence window)",
+            |d| f64::from(d.pace.evidence.granted),
+        ),
+        (
+            "dependency_window_retries_failed",
+            "Granted retries to a dependency whose next attempt failed, in the last 10 s",
+            |d| f64::from(d.pace.evidence.retries_failed),
         ),
     ] {
         let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
         for d in &all {
             let labels = [("dependency", d.name.as_str())];
             ConstGauge::new(value(d)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let mut states = e.encode_descriptor(
+        "dependency_evidence_state",
+        "1 for the state a dependency's evidence is in (no_evidence, healthy, trouble, recovering, static), 0 for the others",
+        None,
+        MetricType::Gauge,
+    )?;
+    for d in &all {
+        for state in crate::budget::token::HealthState::ALL {
+            let labels = [("dependency", d.name.as_str()), ("state", state.as_str())];
+            let on = f64::from(u8::from(d.pace.evidence.state == state));
+            ConstGauge::new(on).encode(states.encode_family(&labels)?)?;
         }
     }
     for (name, help, value) in [
@@ -290,12 +293,12 @@ fn dependencies(
         ),
         (
             "dependency_retries_admitted",
-            "Retries to a dependency granted a token at once on this replica",
+            "Retries to a dependency granted a token on this replica",
             |c| c.admitted,
         ),
         (
             "dependency_retries_deferred",
-            "Retries to a dependency its budget deferred or refused on this replica",
+            "Retries to a dependency deferred on this replica",
             |c| c.deferred,
         ),
     ] {
@@ -305,7 +308,8 @@ fn dependencies(
             ConstCounter::new(value(&d.counters)).encode(family.encode_family(&labels)?)?;
         }
         let other: u64 = rest.iter().map(|d| value(&d.counters)).sum();
-        ConstCounter::new(other).encode(family.encode_family(&[("dependency", "other")])?)?;
+        ConstCounter::new(other)
+            .encode(family.encode_family(&[("dependency", OTHER_DEPENDENCIES)])?)?;
     }
     Ok(())
 }

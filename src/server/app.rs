@@ -31,6 +31,8 @@ use tonic_health::server::{HealthReporter, HealthService};
 use super::{
     Reload, ServerError, deadline, incoming, reflection, reload, start_metrics, tls, watch,
 };
+use tower::Layer;
+
 use crate::auth::{AuthLayer, Authenticator};
 use crate::bucket::{FairBucket, RetryTokenLayer};
 use crate::budget::activity::Defaults;
@@ -198,7 +200,6 @@ impl<S: Store> App<S> {
         let service = RetryBudgetService::new(
             Arc::clone(&self.ledger),
             self.draining.clone(),
-            Some(self.bucket.clone()),
             Arc::clone(&self.rules),
         )
         .with_metrics(self.metrics.clone())
@@ -230,15 +231,17 @@ impl<S: Store> App<S> {
             // metrics layer outside and never reach the bucket or a handler.
             .layer(AuthLayer::new(Arc::clone(&self.auth)))
             .layer(deadline::RequestTimeoutLayer::new(limits.request_timeout))
-            .layer(RetryTokenLayer::new(self.bucket.clone()))
             .add_service(health_service)
             .add_service(reflection().build_v1()?)
             .add_service(reflection().build_v1alpha()?)
-            // tonic's own limit stays behind ours (src/grpc/limit.rs).
-            .add_service(MessageLimit::new(
-                RetryBudgetServer::new(service).max_decoding_message_size(max_message_bytes),
-                max_message_bytes,
-            ));
+            // The retry budget wraps the one service that spends it; tonic's
+            // own limit stays behind ours (src/grpc/limit.rs).
+            .add_service(
+                RetryTokenLayer::new(self.bucket.clone()).layer(MessageLimit::new(
+                    RetryBudgetServer::new(service).max_decoding_message_size(max_message_bytes),
+                    max_message_bytes,
+                )),
+            );
         let mut serving = Box::pin(router.serve_with_incoming_shutdown(
             incoming::incoming(listener, self.stop.clone(), accept),
             self.stop.clone().cancelled_owned(),

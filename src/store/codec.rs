@@ -89,6 +89,17 @@ mod tests {
     use crate::budget::hint::RawHints;
     use crate::budget::{Admission, ErrorClass};
 
+    /// A gate that gives one answer.
+    struct Answering(Admission);
+
+    impl crate::budget::TokenGate for Answering {
+        fn take(&mut self, _ask: &crate::budget::token::Ask<'_>) -> crate::budget::token::Answer {
+            self.0.into()
+        }
+
+        fn observe(&mut self, _observed: crate::budget::token::Observed) {}
+    }
+
     /// A record with every kind of field filled: decisions with and without
     /// hints and rules, a deferral with a booked slot, then a success.
     fn sample() -> ActivityRecord {
@@ -126,17 +137,16 @@ mod tests {
             };
             match plan(record.take(), &key, &report, &defaults, now).expect("valid") {
                 Plan::Fresh(mut draft) => {
-                    if draft.wants_token() {
-                        let admission = if defer {
-                            Admission::Deferred {
-                                wait: std::time::Duration::from_millis(500),
-                                reason: "bucket_empty",
-                            }
-                        } else {
-                            Admission::Granted
-                        };
-                        draft.settle(admission, now);
-                    }
+                    let admission = if defer {
+                        Admission::Deferred {
+                            wait: std::time::Duration::from_millis(500),
+                            reason: "bucket_empty",
+                            waiting_since_ms: Some(now),
+                        }
+                    } else {
+                        Admission::Granted
+                    };
+                    draft.take_token(Answering(admission), now);
                     record = Some(draft.finish().0);
                 }
                 Plan::Replay(_) => unreachable!(),
@@ -164,10 +174,10 @@ mod tests {
         parked.status = Status::Parked;
         parked.closed_code = None;
         parked.closed_at_ms = None;
-        parked.reservation = Some(crate::budget::activity::Reservation {
+        parked.deferral = Some(crate::budget::activity::Deferral {
             attempt: 4,
             not_before_ms: -5,
-            booked: true,
+            waiting_since_ms: Some(-7),
         });
         parked.events.clear();
         parked.policy.base = None;
@@ -269,14 +279,38 @@ mod tests {
         let mut expected = sample();
         let deferral = std::sync::Arc::make_mut(&mut expected.events[2]);
         assert_eq!(deferral.code, "deferred");
-        assert!(deferral.slot_booked && !deferral.token_taken);
+        assert!(deferral.payment.place().is_some());
         // That release's words for the same deferral.
         deferral.reason = "retry capacity is exhausted (bucket_empty); a slot is booked for \
                            this activity 119.900 s from now: report attempt 3 again then"
             .to_owned();
         assert_eq!(read, expected);
         // Its granted retries still say they took their token.
-        assert!(read.events[0].token_taken && read.events[1].token_taken);
+        assert!(read.events[0].payment.is_token() && read.events[1].payment.is_token());
+    }
+
+    /// A record of the release before places in line: its deferral booked
+    /// a slot; it reads as a place taken when the deferral was recorded,
+    /// and the pending reservation as one taken at its slot.
+    #[test]
+    fn a_booked_slot_of_an_earlier_release_reads_as_a_place_in_line() {
+        let old = (0..FIXTURE_BEFORE_LINES.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&FIXTURE_BEFORE_LINES[i..i + 2], 16).unwrap())
+            .collect::<Vec<u8>>();
+        let read = decode(&old).unwrap();
+        let expected = sample();
+        assert_eq!(read.events.len(), expected.events.len());
+        let deferral = &read.events[2];
+        assert_eq!(deferral.code, "deferred");
+        assert_eq!(
+            deferral.payment,
+            crate::budget::token::Payment::Turn {
+                since_ms: deferral.recorded_at_ms
+            }
+        );
+        assert!(read.events[0].payment.is_token() && read.events[1].payment.is_token());
+        assert_eq!(read.events[3], expected.events[3]);
     }
 
     /// The bytes of `sample()` as the release before field 19 wrote them.
@@ -297,7 +331,9 @@ mod tests {
         "30904e62097375636365656465646a14616e20617474656d7074207375636365656465649001deedf1c2b134",
     );
 
-    const FIXTURE: &str = concat!(
+    /// The bytes of `sample()` as the release before places in line
+    /// (fields 21 and 22, `Reservation.waiting_since_ms`) wrote them.
+    const FIXTURE_BEFORE_LINES: &str = concat!(
         "020a0461636d65120e6368617267652d636172643a34321a0477662d372209080510901c1802203c289c9ff1",
         "c2b13430023803420973756363656564656448deedf1c2b1345a8301080110011801209c9ff1c2b13438e80b",
         "400148e80b5084abf1c2b1345801620e7363686564756c655f72657472796a49617474656d70742031206f66",
@@ -314,5 +350,24 @@ mod tests {
         "656e7a0c6275636b65745f656d7074798a010608c0a90710019001a8e6f1c2b1349801015a370802100320ac",
         "edf1c2b13430904e62097375636365656465646a14616e20617474656d7074207375636365656465649001de",
         "edf1c2b134",
+    );
+
+    const FIXTURE: &str = concat!(
+        "020a0461636d65120e6368617267652d636172643a34321a0477662d372209080510901c1802203c289c9ff1",
+        "c2b13430023803420973756363656564656448deedf1c2b1345a8301080110011801209c9ff1c2b13438e80b",
+        "400148e80b5084abf1c2b1345801620e7363686564756c655f72657472796a49617474656d70742031206f66",
+        "2035206661696c6564207472616e7369656e746c793b206261636b6f66662031353132206d73202831207329",
+        "2066726f6d206f636375727265645f61747001900180a0f1c2b1345a910108011002180120ecaef1c2b13430",
+        "d00f388419400348841950f0c7f1c2b1345801620e7363686564756c655f72657472796a49617474656d7074",
+        "2032206f662035206661696c6564207472616e7369656e746c793b206261636b6f66662033323034206d7320",
+        "28332073292066726f6d206f636375727265645f61747001820108687474702d3530339001d0aff1c2b1345a",
+        "fb0108011003180120c4e5f1c2b13430a84638c923407848c0a90750848ff9c2b13458066208646566657272",
+        "65646aa20172657472792063617061636974792069732065786861757374656420286275636b65745f656d70",
+        "7479293b20697420746f6f6b206120706c61636520696e206c696e653b20746865207265747279277320706c",
+        "616e6e65642073746172742c203132302e3030302073206166746572206f636375727265645f61742c206973",
+        "206c617465723a207265706f727420617474656d7074203320616761696e207468656e7a0c6275636b65745f",
+        "656d7074798a010608c0a90710019001a8e6f1c2b134980101a801a8e6f1c2b1345a370802100320acedf1c2",
+        "b13430904e62097375636365656465646a14616e20617474656d7074207375636365656465649001deedf1c2",
+        "b134",
     );
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use retry_budget::bucket::{Admission, BucketConfig, FairBucket, GLOBAL_CAPACITY_EXHAUSTED};
+use retry_budget::bucket::{Booking, BucketConfig, FairBucket, GLOBAL_CAPACITY_EXHAUSTED};
 use retry_budget::coord::{CoordinationConfig, CoordinationStatus, Coordinator, LEASE_INTERVALS};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -85,7 +85,7 @@ fn drive(
             let due = (start.elapsed().as_secs_f64() * per_second) as u64;
             while asked < due {
                 asked += 1;
-                if let Admission::Granted | Admission::Deferred { .. } =
+                if let Booking::Granted | Booking::Booked { .. } =
                     bucket.admit_within(tenant, HORIZON)
                 {
                     counter.fetch_add(1, Relaxed);
@@ -440,15 +440,12 @@ async fn a_replica_without_the_database_admits_nothing() {
     .await;
     assert_eq!(
         r.bucket.admit("t"),
-        Admission::Refused {
+        Booking::Refused {
             retry_after: INTERVAL,
             reason: GLOBAL_CAPACITY_EXHAUSTED
         }
     );
-    assert_ne!(
-        r.bucket.admit_within("t", Duration::ZERO),
-        Admission::Granted
-    );
+    assert_ne!(r.bucket.admit_within("t", Duration::ZERO), Booking::Granted);
     let state = state.borrow().clone();
     assert_eq!(state.status, CoordinationStatus::NoGrant);
     assert!(state.last_error.is_some(), "{state}");

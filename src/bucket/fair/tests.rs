@@ -15,9 +15,9 @@ fn shares(rate: f64, burst: u32) -> FairShares {
     .unwrap()
 }
 
-fn wait(a: Admission) -> Duration {
+fn wait(a: Booking) -> Duration {
     match a {
-        Admission::Deferred { wait, .. } => wait,
+        Booking::Booked { wait, .. } => wait,
         other => panic!("expected a deferral, got {other:?}"),
     }
 }
@@ -28,13 +28,13 @@ fn a_lone_tenant_gets_the_burst_then_the_rate() {
     for _ in 0..3 {
         assert_eq!(
             b.admit("a", Duration::ZERO, Duration::MAX),
-            Admission::Granted
+            Booking::Granted
         );
     }
     let a = b.admit("a", Duration::ZERO, Duration::MAX);
     assert_eq!(
         a,
-        Admission::Deferred {
+        Booking::Booked {
             wait: 100 * MS,
             reason: GLOBAL_CAPACITY_EXHAUSTED
         }
@@ -56,7 +56,7 @@ fn consecutive_deferrals_are_spaced_by_the_share_interval() {
     let a = b.admit("b", Duration::ZERO, Duration::MAX);
     assert_eq!(
         a,
-        Admission::Deferred {
+        Booking::Booked {
             wait: 20 * MS,
             reason: TENANT_SHARE_EXHAUSTED
         }
@@ -68,13 +68,12 @@ fn a_newcomer_is_granted_at_once_through_a_flood() {
     let mut b = shares(100.0, 10);
     let now = Duration::from_secs(1);
     let mut booked = 0;
-    while let Admission::Deferred { .. } | Admission::Granted = b.admit("flood", now, Duration::MAX)
-    {
+    while let Booking::Booked { .. } | Booking::Granted = b.admit("flood", now, Duration::MAX) {
         booked += 1;
     }
     assert!(booked > 150, "the flood booked its horizon: {booked}");
     assert!(b.level(now) < -100.0);
-    assert_eq!(b.admit("new", now, Duration::MAX), Admission::Granted);
+    assert_eq!(b.admit("new", now, Duration::MAX), Booking::Granted);
 }
 
 #[test]
@@ -88,7 +87,7 @@ fn refusals_past_the_horizon_take_turns_one_share_interval_apart() {
     .unwrap();
     let mut retry = Vec::new();
     for _ in 0..40 {
-        if let Admission::Refused {
+        if let Booking::Refused {
             retry_after,
             reason,
         } = b.admit("a", Duration::ZERO, Duration::MAX)
@@ -106,13 +105,13 @@ fn refusals_past_the_horizon_take_turns_one_share_interval_apart() {
     let a = b.admit("a", 10 * MS, 50 * MS);
     assert_eq!(
         a,
-        Admission::Refused {
+        Booking::Refused {
             retry_after: 290 * MS,
             reason: RESERVATION_PAST_MAX_WAIT
         }
     );
     let a = b.admit("a", 10 * MS, Duration::MAX);
-    assert!(matches!(a, Admission::Refused { retry_after, .. } if retry_after == 290 * MS));
+    assert!(matches!(a, Booking::Refused { retry_after, .. } if retry_after == 290 * MS));
 }
 
 #[test]
@@ -120,12 +119,12 @@ fn max_wait_refuses_without_booking() {
     let mut b = shares(10.0, 1);
     assert_eq!(
         b.admit("a", Duration::ZERO, Duration::MAX),
-        Admission::Granted
+        Booking::Granted
     );
     let a = b.admit("a", Duration::ZERO, 50 * MS);
     assert_eq!(
         a,
-        Admission::Refused {
+        Booking::Refused {
             retry_after: 100 * MS,
             reason: RESERVATION_PAST_MAX_WAIT
         }
@@ -219,7 +218,7 @@ fn tenants_past_the_bound_share_one_entry() {
     );
     assert_eq!(
         b.admit("c", Duration::ZERO, Duration::MAX),
-        Admission::Deferred {
+        Booking::Booked {
             wait: 20 * MS,
             reason: TENANT_SHARE_EXHAUSTED
         },
@@ -266,7 +265,7 @@ proptest::proptest! {
                     }
                 }
                 1 => {
-                    if let Admission::Granted | Admission::Deferred { .. } =
+                    if let Booking::Granted | Booking::Booked { .. } =
                         b.admit(tenant, now, Duration::MAX)
                     {
                         taken += 1.0;
@@ -318,7 +317,7 @@ fn a_lower_capacity_drops_tokens_past_its_burst_and_refills_at_its_rate_at_once(
 #[test]
 fn tokens_promised_stay_promised_and_are_paid_at_the_new_rate() {
     let mut b = shares(100.0, 1);
-    while let Admission::Granted | Admission::Deferred { .. } =
+    while let Booking::Granted | Booking::Booked { .. } =
         b.admit("flood", Duration::ZERO, Duration::MAX)
     {}
     let owed = b.level(Duration::ZERO);
@@ -330,7 +329,7 @@ fn tokens_promised_stay_promised_and_are_paid_at_the_new_rate() {
     assert!(b.level(paid_at - 20 * MS) < 0.0);
     assert!(b.level(paid_at + 20 * MS) > 0.0);
     // The flood's next slot was stretched with the rate: twice as far.
-    let Admission::Refused { retry_after, .. } = b.admit("flood", Duration::ZERO, Duration::MAX)
+    let Booking::Refused { retry_after, .. } = b.admit("flood", Duration::ZERO, Duration::MAX)
     else {
         panic!("the flood is past its horizon");
     };
@@ -343,7 +342,7 @@ fn a_closed_bucket_refuses_everything_until_it_is_given_a_rate() {
     b.set_capacity(&Capacity::closed(Duration::from_secs(1)), Duration::ZERO);
     assert!(b.is_closed());
     assert!(b.take("a", Duration::ZERO).is_none());
-    let refused = Admission::Refused {
+    let refused = Booking::Refused {
         retry_after: Duration::from_secs(1),
         reason: GLOBAL_CAPACITY_EXHAUSTED,
     };
@@ -354,7 +353,7 @@ fn a_closed_bucket_refuses_everything_until_it_is_given_a_rate() {
     );
     assert_eq!(
         b.admit("a", Duration::from_secs(5), 10 * MS),
-        Admission::Refused {
+        Booking::Refused {
             retry_after: Duration::from_secs(1),
             reason: RESERVATION_PAST_MAX_WAIT,
         }
@@ -366,7 +365,7 @@ fn a_closed_bucket_refuses_everything_until_it_is_given_a_rate() {
     assert_eq!(b.level(Duration::from_secs(61)), 5.0);
     assert_eq!(
         b.admit("a", Duration::from_secs(61), Duration::MAX),
-        Admission::Granted
+        Booking::Granted
     );
 }
 
@@ -436,7 +435,7 @@ proptest::proptest! {
                     }
                 }
                 1 | 2 => {
-                    if let Admission::Granted | Admission::Deferred { .. } =
+                    if let Booking::Granted | Booking::Booked { .. } =
                         b.admit(["a", "b", "c", "d"][usize::from(tenant)], now, Duration::MAX)
                     {
                         taken += 1.0;
@@ -471,10 +470,10 @@ fn a_wider_capacity_grants_at_once_and_keeps_what_was_booked() {
     };
     let mut b = FairShares::new(&config).unwrap();
     let t = Duration::from_secs(10);
-    assert_eq!(b.admit("acme", t, Duration::MAX), Admission::Granted);
+    assert_eq!(b.admit("acme", t, Duration::MAX), Booking::Granted);
     assert!(matches!(
         b.admit("acme", t, Duration::MAX),
-        Admission::Deferred { .. }
+        Booking::Booked { .. }
     ));
     let wide = BucketConfig {
         rate: 1000.0,
@@ -483,5 +482,5 @@ fn a_wider_capacity_grants_at_once_and_keeps_what_was_booked() {
     };
     b.set_capacity(&Capacity::from_config(&wide), t);
     let after = b.admit("acme", t + Duration::from_millis(5), Duration::MAX);
-    assert_eq!(after, Admission::Granted, "{after:?}");
+    assert_eq!(after, Booking::Granted, "{after:?}");
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::super::decision;
-use super::super::token::{Admission, Unlimited};
+use super::super::token::{Admission, Payment};
 use super::*;
 
 const NOW: i64 = 1_800_000_000_000;
@@ -48,34 +48,73 @@ fn fresh(plan: Plan) -> Draft {
     }
 }
 
-/// A booking is not a token: the deferral says `slot_booked`, the call
-/// at its slot takes the token, and a replay of either took nothing.
+/// A gate that gives one answer, and remembers what it was asked.
+#[derive(Default)]
+struct Answering {
+    admission: Option<Admission>,
+    asked: Vec<Option<i64>>,
+    observed: usize,
+    left: Vec<i64>,
+}
+
+impl Answering {
+    fn with(admission: Admission) -> Self {
+        Self {
+            admission: Some(admission),
+            ..Self::default()
+        }
+    }
+}
+
+impl TokenGate for &mut Answering {
+    fn take(&mut self, ask: &super::super::token::Ask<'_>) -> super::super::token::Answer {
+        self.asked.push(ask.waiting_since_ms);
+        self.admission.unwrap_or(Admission::Granted).into()
+    }
+
+    fn observe(&mut self, _observed: super::super::token::Observed) {
+        self.observed += 1;
+    }
+
+    fn leave(&mut self, _activity_id: &str, since_ms: i64) {
+        self.left.push(since_ms);
+    }
+}
+
+fn in_line(wait_ms: u64, since_ms: i64) -> Admission {
+    Admission::Deferred {
+        wait: Duration::from_millis(wait_ms),
+        reason: codes::DEPENDENCY_BUDGET_EXHAUSTED,
+        waiting_since_ms: Some(since_ms),
+    }
+}
+
+/// A place in line is not a token: the deferral holds a place, the call
+/// whose turn came takes the token, a deferral again writes nothing, and a
+/// replay of either took nothing.
 #[test]
-fn token_taken_marks_the_call_that_took_the_token_and_slot_booked_the_booking() {
+fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     // The failure was 10 s ago, so the planned start (1 s after it) is
-    // past and the slot, 500 ms from now, sets not_before.
+    // past and the turn, 500 ms from now, sets not_before.
     let mut draft = fresh(plan(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
-    draft.settle(
-        Admission::Deferred {
-            wait: Duration::from_millis(500),
-            reason: codes::GLOBAL_CAPACITY_EXHAUSTED,
-        },
-        NOW,
-    );
+    let mut gate = Answering::with(in_line(500, NOW));
+    draft.take_token(&mut gate, NOW);
+    assert_eq!((gate.observed, gate.asked.clone()), (1, vec![None]));
+    assert!(draft.needs_write());
     let (record, deferral) = draft.finish();
     assert_eq!(deferral.action, Some(Action::Deferred));
-    assert!(deferral.slot_booked && !deferral.token_taken);
+    assert_eq!(deferral.payment, Payment::Turn { since_ms: NOW });
     assert_eq!(deferral.not_before_ms, Some(NOW + 500));
     assert!(
         deferral
             .reason
-            .contains("booked for this activity 0.500 s from now"),
+            .contains("it took a place in line; ask again in 0.500 s"),
         "{}",
         deferral.reason
     );
-    assert!(record.reservation.is_some_and(|r| r.booked));
+    assert_eq!(record.deferral.and_then(|d| d.waiting_since_ms), Some(NOW));
 
-    // Early: the same deferral, replayed; still booked, no token.
+    // Early: the same deferral, replayed; still in line, no token.
     let Plan::Replay(early) = plan(
         Some(record.clone()),
         &key(),
@@ -87,23 +126,49 @@ fn token_taken_marks_the_call_that_took_the_token_and_slot_booked_the_booking() 
         panic!("asked early, the deferral is replayed");
     };
     assert!(!early.event.taken_by_this_call(true, false));
-    assert!(early.event.slot_booked_for_caller(false));
+    assert!(early.event.place_held_for_caller(false));
 
-    // At the slot: this call redeems the booking.
+    // At its time, its turn not come yet: deferred again, keeping its
+    // place; nothing to write, and its failure is not counted again.
     let at = NOW + 500;
+    let mut again = fresh(
+        plan(
+            Some(record.clone()),
+            &key(),
+            &report(NOW - 10_000),
+            &defaults(),
+            at,
+        )
+        .unwrap(),
+    );
+    let mut gate = Answering::with(in_line(2_000, NOW));
+    again.take_token(&mut gate, at);
+    assert_eq!((gate.observed, gate.asked.clone()), (0, vec![Some(NOW)]));
+    assert!(!again.needs_write(), "a deferral again is not recorded");
+
+    // Its turn came: this call takes the token; the retry starts now.
     let mut draft =
         fresh(plan(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap());
-    assert!(!draft.wants_token(), "the booking pays");
-    draft.take_token(Unlimited, at);
+    let mut gate = Answering::with(Admission::Granted);
+    draft.take_token(&mut gate, at);
     let (record, retry) = draft.finish();
     assert_eq!(retry.action, Some(Action::ScheduleRetry));
-    assert!(retry.token_taken && !retry.slot_booked);
+    assert_eq!(retry.payment, Payment::Token);
+    assert_eq!(retry.not_before_ms, Some(at));
+    assert!(
+        retry
+            .reason
+            .ends_with("its turn in line came after it was deferred"),
+        "{}",
+        retry.reason
+    );
     assert!(retry.taken_by_this_call(false, false));
     assert!(
         !retry.taken_by_this_call(false, true),
         "a dry run takes nothing"
     );
-    let Plan::Replay(again) = plan(
+    assert_eq!(record.deferral, None);
+    let Plan::Replay(replayed) = plan(
         Some(record),
         &key(),
         &report(NOW - 10_000),
@@ -113,24 +178,37 @@ fn token_taken_marks_the_call_that_took_the_token_and_slot_booked_the_booking() 
     .unwrap() else {
         panic!("a decided attempt is replayed");
     };
-    assert!(again.event.token_taken, "the record keeps its history");
-    assert!(!again.event.taken_by_this_call(true, false));
+    assert!(
+        replayed.event.payment.is_token(),
+        "the record keeps its history"
+    );
+    assert!(!replayed.event.taken_by_this_call(true, false));
+}
+
+/// A deferred attempt that stops (its deadline passed) gives up its place.
+#[test]
+fn a_deferred_attempt_that_stops_leaves_the_line() {
+    let mut draft = fresh(plan(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
+    draft.take_token(&mut Answering::with(in_line(9_000, NOW)), NOW);
+    let (record, _) = draft.finish();
+    let late = NOW + 3_600_001;
+    let mut draft = fresh(plan(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
+    let mut gate = Answering::default();
+    draft.take_token(&mut gate, late);
+    assert_eq!(draft.action(), Action::DeadlineExceeded);
+    assert!(gate.asked.is_empty(), "a stop asks for no token");
+    assert_eq!(gate.left, vec![NOW]);
 }
 
 /// When the retry's planned start, in the caller's time, is later than
-/// the slot, not_before is the planned start, and the reason says so
-/// rather than a wait "from now" on the service's clock.
+/// the turn, not_before is the planned start, and the reason says so
+/// rather than a wait "from now" on the service's clock; a turn past the
+/// deadline points at the deadline, and never stops the activity.
 #[test]
-fn a_deferral_names_what_set_its_not_before() {
+fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
     let occurred = NOW + 30_000;
     let mut draft = fresh(plan(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
-    draft.settle(
-        Admission::Deferred {
-            wait: Duration::from_millis(500),
-            reason: codes::GLOBAL_CAPACITY_EXHAUSTED,
-        },
-        NOW,
-    );
+    draft.take_token(&mut Answering::with(in_line(500, NOW)), NOW);
     let (_, deferral) = draft.finish();
     assert_eq!(deferral.not_before_ms, Some(occurred + 1000));
     assert!(
@@ -140,49 +218,54 @@ fn a_deferral_names_what_set_its_not_before() {
         "{}",
         deferral.reason
     );
-    assert!(!deferral.reason.contains("from now"), "{}", deferral.reason);
+    assert!(
+        !deferral.reason.contains("ask again in"),
+        "{}",
+        deferral.reason
+    );
+
+    let mut draft = fresh(plan(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
+    draft.take_token(&mut Answering::with(in_line(7_200_000, NOW)), NOW);
+    let (_, deferral) = draft.finish();
+    assert_eq!(
+        deferral.action,
+        Some(Action::Deferred),
+        "the budget ends nothing early"
+    );
+    assert_eq!(deferral.not_before_ms, Some(NOW + 3_600_000));
+    assert!(
+        deferral.reason.contains("ask again at the deadline"),
+        "{}",
+        deferral.reason
+    );
 }
 
-/// What the bucket answers in the property test below, before the gate
-/// applies the caller's `max_wait` as the real bucket does.
+/// What the budget answers in the property test below.
 #[derive(Debug, Clone, Copy)]
 enum Answer {
     Granted,
-    /// A slot this many nanoseconds from now.
-    Deferred(u64),
-    /// No slot; a turn this many nanoseconds from now.
-    Refused(u64),
+    /// Ask again this many nanoseconds from now, holding a place in line
+    /// (true) or not.
+    Deferred(u64, bool),
 }
 
-/// A gate that answers as `fair::Shares::book` does: a slot or turn past
-/// `max_wait` is refused with `reservation_past_max_wait`, or with the
-/// plain reason when the caller cannot wait at all.
+/// A gate answering as scripted, a place in line dated when first taken.
 struct Scripted(Answer);
 
 impl TokenGate for Scripted {
-    fn take(self, max_wait: Duration) -> super::super::token::Answer {
-        let past = |n: u64| {
-            if max_wait.is_zero() {
-                codes::GLOBAL_CAPACITY_EXHAUSTED
-            } else if Duration::from_nanos(n) > max_wait {
-                codes::RESERVATION_PAST_MAX_WAIT
-            } else {
-                codes::GLOBAL_CAPACITY_EXHAUSTED
-            }
-        };
-        let admission = match self.0 {
+    fn take(&mut self, ask: &super::super::token::Ask<'_>) -> super::super::token::Answer {
+        match self.0 {
             Answer::Granted => Admission::Granted,
-            Answer::Deferred(n) if Duration::from_nanos(n) <= max_wait => Admission::Deferred {
+            Answer::Deferred(n, place) => Admission::Deferred {
                 wait: Duration::from_nanos(n),
-                reason: codes::TENANT_SHARE_EXHAUSTED,
+                reason: codes::DEPENDENCY_BUDGET_EXHAUSTED,
+                waiting_since_ms: ask.waiting_since_ms.or(place.then_some(ask.now_ms)),
             },
-            Answer::Deferred(n) | Answer::Refused(n) => Admission::Refused {
-                retry_after: Duration::from_nanos(n),
-                reason: past(n),
-            },
-        };
-        admission.into()
+        }
+        .into()
     }
+
+    fn observe(&mut self, _observed: super::super::token::Observed) {}
 }
 
 /// One call of the worker loop: when it comes, and what the bucket says.
@@ -211,8 +294,7 @@ fn answer() -> impl proptest::strategy::Strategy<Value = Answer> {
     ];
     prop_oneof![
         Just(Answer::Granted),
-        wait.clone().prop_map(Answer::Deferred),
-        wait.prop_map(Answer::Refused),
+        (wait, any::<bool>()).prop_map(|(n, place)| Answer::Deferred(n, place)),
     ]
 }
 
@@ -241,8 +323,9 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 proptest::proptest! {
     /// No sequence of deferrals and re-asks, at any times and with any
     /// `occurred_at`, yields a retry that starts or is granted past the
-    /// deadline, or a deferral that leaves no time to ask again; a stop is
-    /// replayed unchanged.
+    /// deadline, a deferral past the deadline, or `deadline_exceeded` while
+    /// the deadline still allows the next attempt; a stop is replayed
+    /// unchanged, and a deferral again writes nothing.
     #[test]
     fn no_retry_is_granted_past_the_deadline(
         deadline_seconds in 1u64..40,
@@ -274,8 +357,13 @@ proptest::proptest! {
             };
             let mut draft = draft;
             draft.take_token(Scripted(s.answer), now);
+            let write = draft.needs_write();
             let (next, event) = draft.finish();
-            record = Some(next);
+            if write {
+                record = Some(next);
+            } else {
+                proptest::prop_assert_eq!(event.action, Some(Action::Deferred));
+            }
             match event.action.unwrap() {
                 Action::ScheduleRetry => {
                     let start = event.not_before_ms.unwrap();
@@ -289,13 +377,17 @@ proptest::proptest! {
                 }
                 Action::Deferred => {
                     let not_before = event.not_before_ms.unwrap();
-                    proptest::prop_assert!(
-                        not_before <= deadline - decision::REASK_MARGIN_MS,
-                        "a deferral to {} ms before the deadline: {event:?}",
-                        deadline - not_before
-                    );
-                    proptest::prop_assert!(event.defer_reason.as_deref() != Some(codes::RESERVATION_PAST_MAX_WAIT));
+                    proptest::prop_assert!(not_before <= deadline, "a deferral past the deadline: {event:?}");
+                    proptest::prop_assert!(now < deadline, "deferred at {now}, past {deadline}: {event:?}");
                     deferred_until = Some(not_before);
+                }
+                Action::DeadlineExceeded => {
+                    // Only when the deadline passed, or the attempt's own
+                    // backoff would start after it.
+                    let delay = decision::plan_delay("a", attempt, policy.delay_params(), None).unwrap();
+                    let start = report.occurred_at_ms.unwrap() + delay.millis as i64;
+                    proptest::prop_assert!(now >= deadline || start > deadline, "stopped early: {event:?}");
+                    break;
                 }
                 stop => {
                     // Stable: asked again later, with another occurred_at,

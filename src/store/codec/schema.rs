@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::{DecodeError, pb};
 use crate::budget::action::{Action, ErrorClass};
-use crate::budget::activity::{ActivityRecord, Event, EventKind, Policy, Reservation, Status};
+use crate::budget::activity::{ActivityRecord, Deferral, Event, EventKind, Policy, Status};
 use crate::budget::hint::{Hint, HintSource, IgnoredHints};
+use crate::budget::token::Payment;
 
 impl From<Status> for pb::Status {
     fn from(status: Status) -> Self {
@@ -83,10 +84,11 @@ impl From<&ActivityRecord> for pb::ActivityRecord {
             status: pb::Status::from(record.status).into(),
             closed_code: record.closed_code.clone(),
             closed_at_ms: record.closed_at_ms,
-            reservation: record.reservation.map(|r| pb::Reservation {
-                attempt: r.attempt,
-                not_before_ms: r.not_before_ms,
-                booked: r.booked,
+            reservation: record.deferral.map(|d| pb::Reservation {
+                attempt: d.attempt,
+                not_before_ms: d.not_before_ms,
+                booked: false,
+                waiting_since_ms: d.waiting_since_ms,
             }),
             events: record
                 .events
@@ -113,8 +115,10 @@ impl From<&Event> for pb::Event {
             action: pb::Action::from(e.action).into(),
             code: e.code.clone(),
             reason: e.reason.clone(),
-            token_taken: e.token_taken,
-            slot_booked: e.slot_booked,
+            token_taken: e.payment.is_token(),
+            slot_booked: e.payment.place().is_some(),
+            waiting_since_ms: e.payment.place(),
+            dependency_untracked: e.dependency_untracked,
             defer_reason: e.defer_reason.clone(),
             rule: e.rule.clone(),
             hint: e.hint.map(|h| pb::Hint {
@@ -165,10 +169,12 @@ impl TryFrom<pb::ActivityRecord> for ActivityRecord {
             status,
             closed_code: stored.closed_code,
             closed_at_ms: stored.closed_at_ms,
-            reservation: stored.reservation.map(|r| Reservation {
+            // A slot booked by a release before field 4 is read as a place
+            // in line taken at that slot's time.
+            deferral: stored.reservation.map(|r| Deferral {
                 attempt: r.attempt,
                 not_before_ms: r.not_before_ms,
-                booked: r.booked,
+                waiting_since_ms: r.waiting_since_ms.or(r.booked.then_some(r.not_before_ms)),
             }),
             events: stored
                 .events
@@ -220,9 +226,18 @@ impl TryFrom<pb::Event> for Event {
             code: stored.code,
             reason: stored.reason,
             // Before field 19, a deferral that booked a slot was written
-            // with token_taken: it is read as what it was, a booking.
-            token_taken: stored.token_taken && !booked_before_19,
-            slot_booked: stored.slot_booked || booked_before_19,
+            // with token_taken: it is read as what it was, a booking; a
+            // booking before field 21 as a place taken when it was made.
+            payment: if stored.token_taken && !booked_before_19 {
+                Payment::Token
+            } else if stored.slot_booked || booked_before_19 {
+                Payment::Turn {
+                    since_ms: stored.waiting_since_ms.unwrap_or(stored.recorded_at_ms),
+                }
+            } else {
+                Payment::Nothing
+            },
+            dependency_untracked: stored.dependency_untracked,
             defer_reason: stored.defer_reason,
             rule: stored.rule,
             hint: stored.hint.map(Hint::try_from).transpose()?,

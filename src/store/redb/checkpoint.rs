@@ -191,7 +191,7 @@ mod tests {
                 status: Status::Open,
                 closed_code: None,
                 closed_at_ms: None,
-                reservation: None,
+                deferral: None,
                 events: Vec::new(),
             });
             clones.push(Arc::clone(&record));

@@ -1,0 +1,506 @@
+//! A dependency's health as the service sees it, and the retries a second
+//! it argues for. Pure: time is a parameter, in whole seconds of the
+//! bucket's clock.
+//!
+//! # What the service sees
+//! Every failure it is asked about, and the fate of every retry it grants:
+//! the same activity reports its next attempt failed, or records a success,
+//! or does not come back. It needs no worker to report its successes for
+//! that. Counted per tenant of the dependency, in one-second slots over the
+//! last [`WINDOW_SECONDS`]:
+//! - `failures`: fresh failures asked about (each attempt once; replays and
+//!   deferred attempts asked again are not fresh);
+//! - `granted`: retries granted a token;
+//! - `retries_failed`: attempts reported after a retry, that is, granted
+//!   retries that failed;
+//! - `deferred`: retries this dependency's budget deferred (the allowance
+//!   bound).
+//!
+//! # The rule (one step a second, on the second just ended)
+//! - **Trouble** cuts the allowance by half, never below the floor:
+//!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
+//!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
+//!     average over about [`BASELINE_SECONDS`]); it is seen at once,
+//!     before any retry's fate;
+//!   - or *failing retries*: at least [`MIN_FATES`] granted retries failed
+//!     in the window, and at least half of those granted.
+//! - **Health** grows it: while granted retries do not fail (or none were
+//!   granted: no evidence), by [`GROWTH`] a second, up to the cap (the
+//!   global rate, or the dependency's ceiling) while the allowance bound,
+//!   else up to the starting allowance.
+//! - **Unused**, it decays towards the starting allowance, so that months
+//!   of health do not leave a whole second of the global rate ready for the
+//!   first second of an outage.
+//!
+//! A retry granted now fails only after its backoff and its call's timeout,
+//! so its fate arrives seconds later, inside the window; a surge of first
+//! failures arrives at once. Together: the first second of an overload is
+//! cut by the surge, a flaky dependency (failures at random, retries that
+//! succeed) keeps growing, and after an outage the allowance grows again as
+//! soon as its few probing retries stop failing.
+//!
+//! # Tenants
+//! Each tenant of a dependency keeps its own evidence and its own allowance
+//! ([`TenantHealth`]); the dependency's allowance is their average,
+//! weighted by each tenant's share of the requests the service saw for the
+//! dependency in the window ([`blend`]). A tenant inventing failures for
+//! activities of its own thus lowers the dependency's allowance by at most
+//! its share of those requests, and never drives it to the floor for the
+//! others; a tenant's claims (reported successes) never enter it.
+
+use std::fmt;
+
+pub use crate::budget::token::{Evidence, HealthState};
+
+/// Seconds of evidence the rule reads (whole seconds, the one under way
+/// left out).
+pub const WINDOW_SECONDS: usize = 10;
+/// Fewest fresh failures in a second that can be a surge: below it, a
+/// handful of failures is noise, and the retries' fates decide.
+pub const SURGE_MIN: u32 = 10;
+/// A second's failures above this many times the recent rate are a surge.
+pub const SURGE_FACTOR: f64 = 2.0;
+/// The recent failure rate is an average over about this many seconds.
+pub const BASELINE_SECONDS: f64 = 30.0;
+/// Fewest failed retries in the window that can say a dependency fails.
+pub const MIN_FATES: u32 = 3;
+/// The allowance's growth a second while retries do not fail.
+pub const GROWTH: f64 = 1.25;
+/// The allowance's decay a second, towards the starting allowance, while
+/// nothing is deferred.
+pub const DECAY: f64 = 0.9;
+/// The cut of one second of trouble.
+pub const CUT: f64 = 0.5;
+
+/// What one tenant's requests told of a dependency in one second.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Second {
+    /// Fresh failures asked about.
+    pub failures: u32,
+    /// Requests seen (fresh failures and recorded successes): the tenant's
+    /// weight in the dependency's allowance.
+    pub seen: u32,
+    /// Retries granted a token.
+    pub granted: u32,
+    /// Granted retries that failed.
+    pub retries_failed: u32,
+    /// Retries the dependency's budget deferred.
+    pub deferred: u32,
+}
+
+impl Second {
+    fn add(&mut self, other: &Second) {
+        self.failures = self.failures.saturating_add(other.failures);
+        self.seen = self.seen.saturating_add(other.seen);
+        self.granted = self.granted.saturating_add(other.granted);
+        self.retries_failed = self.retries_failed.saturating_add(other.retries_failed);
+        self.deferred = self.deferred.saturating_add(other.deferred);
+    }
+}
+
+impl fmt::Display for Evidence {
+    /// "38 of the last 40 granted retries failed", "failures surged to 90/s
+    /// from 3/s", "no evidence yet".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let window = WINDOW_SECONDS;
+        match self.state {
+            HealthState::NoEvidence => f.write_str("no evidence yet: its starting allowance"),
+            HealthState::Static => f.write_str("a static rate"),
+            HealthState::Trouble if self.surged => write!(
+                f,
+                "failures surged to {}/s from {}/s",
+                self.failures,
+                super::pace::Rate(self.baseline)
+            ),
+            HealthState::Trouble => write!(
+                f,
+                "{} of the {} retries granted in the last {window} s failed",
+                self.retries_failed
+                    .min(self.granted.max(self.retries_failed)),
+                self.granted.max(self.retries_failed)
+            ),
+            HealthState::Recovering => write!(
+                f,
+                "recovering: {} of the {} retries granted in the last {window} s failed",
+                self.retries_failed.min(self.granted),
+                self.granted
+            ),
+            HealthState::Healthy => write!(
+                f,
+                "{} of the {} retries granted in the last {window} s failed",
+                self.retries_failed.min(self.granted),
+                self.granted
+            ),
+        }
+    }
+}
+
+/// The limits a step works within (from the dependency's pace
+/// configuration and the global rate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Never below.
+    pub floor: f64,
+    /// Where it starts, and where it settles with no evidence.
+    pub initial: f64,
+    /// Never above (the global rate, or the dependency's ceiling).
+    pub cap: f64,
+}
+
+impl Limits {
+    fn clamp(&self, rate: f64) -> f64 {
+        rate.min(self.cap).max(self.floor)
+    }
+}
+
+/// One tenant's evidence of one dependency, and the allowance it argues
+/// for.
+#[derive(Debug, Clone)]
+pub struct TenantHealth {
+    /// The last [`WINDOW_SECONDS`] whole seconds and the one under way, by
+    /// second modulo.
+    slots: [Second; WINDOW_SECONDS + 1],
+    /// The second the newest slot counts; the seconds before it are
+    /// stepped.
+    newest: u64,
+    /// The recent failure rate, failures a second.
+    baseline: f64,
+    /// Retries a second this tenant's evidence allows the dependency.
+    allowance: f64,
+    /// The second of the last cut.
+    cut_at: Option<u64>,
+    /// Whether that cut was a surge.
+    surged: bool,
+    /// Whether any evidence was ever counted.
+    seen_any: bool,
+}
+
+impl TenantHealth {
+    /// A tenant first seen at `now` (seconds), starting at `allowance` (the
+    /// dependency's, so a newcomer inherits what the others learnt).
+    pub fn new(now: u64, allowance: f64) -> Self {
+        Self {
+            slots: [Second::default(); WINDOW_SECONDS + 1],
+            newest: now,
+            baseline: 0.0,
+            allowance,
+            cut_at: None,
+            surged: false,
+            seen_any: false,
+        }
+    }
+
+    /// A tenant restored from what was persisted: its allowance, recent
+    /// failure rate and state, the window empty.
+    pub fn restored(now: u64, allowance: f64, baseline: f64, state: HealthState) -> Self {
+        Self {
+            baseline,
+            cut_at: (state == HealthState::Trouble).then_some(now),
+            seen_any: state != HealthState::NoEvidence,
+            ..Self::new(now, allowance)
+        }
+    }
+
+    /// The allowance this tenant's evidence argues for.
+    pub fn allowance(&self) -> f64 {
+        self.allowance
+    }
+
+    /// The recent failure rate.
+    pub fn baseline(&self) -> f64 {
+        self.baseline
+    }
+
+    /// Counts `what` in the second `now`, stepping the rule over the whole
+    /// seconds before it first.
+    pub fn count(&mut self, now: u64, what: &Second, limits: &Limits) {
+        self.advance(now, limits);
+        if what.failures > 0 || what.seen > 0 || what.granted > 0 {
+            self.seen_any = true;
+        }
+        self.slots[slot(now)].add(what);
+    }
+
+    /// Steps the rule over every whole second before `now` not stepped yet.
+    pub fn advance(&mut self, now: u64, limits: &Limits) {
+        // Past a window of empty seconds, each further step changes only
+        // the baseline's and the allowance's drift: a bounded number of
+        // them is as good as all.
+        const MAX_STEPS: u64 = 120;
+        if now <= self.newest {
+            return;
+        }
+        let from = now.saturating_sub(MAX_STEPS);
+        if from > self.newest {
+            // All that was counted is long out of the window.
+            self.slots = [Second::default(); WINDOW_SECONDS + 1];
+            self.newest = from;
+        }
+        for second in self.newest..now {
+            self.step(second, limits);
+            // The slot of the next second held the oldest one: cleared.
+            self.slots[slot(second + 1)] = Second::default();
+            self.newest = second + 1;
+        }
+    }
+
+    /// The rule, on the second `second` just ended (see the module doc).
+    fn step(&mut self, second: u64, limits: &Limits) {
+        let just = self.slots[slot(second)];
+        let window = self.window_before(second + 1);
+        let surge =
+            just.failures >= SURGE_MIN && f64::from(just.failures) > SURGE_FACTOR * self.baseline;
+        let failing = window.retries_failed >= MIN_FATES
+            && 2 * u64::from(window.retries_failed) >= u64::from(window.granted);
+        let retries_ok = window.granted == 0 || 2 * window.retries_failed < window.granted;
+        if surge || failing {
+            self.allowance = limits.clamp(self.allowance * CUT);
+            self.cut_at = Some(second);
+            self.surged = surge;
+        } else if just.deferred > 0 && retries_ok {
+            self.allowance = limits.clamp(grow(self.allowance));
+        } else if self.allowance < limits.initial && retries_ok {
+            self.allowance = limits.clamp(grow(self.allowance).min(limits.initial));
+        } else if window.deferred == 0 && self.allowance > limits.initial {
+            self.allowance = limits.clamp((self.allowance * DECAY).max(limits.initial));
+        } else {
+            self.allowance = limits.clamp(self.allowance);
+        }
+        self.baseline += (f64::from(just.failures) - self.baseline) / BASELINE_SECONDS;
+    }
+
+    /// The evidence as of `now` (stepped up to it).
+    pub fn evidence(&self, now: u64, limits: &Limits) -> Evidence {
+        let window = self.window_before(now);
+        let just = self.last_second(now);
+        let in_trouble = self
+            .cut_at
+            .is_some_and(|at| now.saturating_sub(at) <= WINDOW_SECONDS as u64);
+        let state = if in_trouble {
+            HealthState::Trouble
+        } else if !self.seen_any {
+            HealthState::NoEvidence
+        } else if self.allowance < limits.initial {
+            HealthState::Recovering
+        } else {
+            HealthState::Healthy
+        };
+        Evidence {
+            state,
+            failures: just.failures,
+            baseline: self.baseline,
+            granted: window.granted,
+            retries_failed: window.retries_failed,
+            surged: self.surged,
+        }
+    }
+
+    /// The requests seen in the window (the tenant's weight).
+    pub fn seen(&self, now: u64) -> u64 {
+        let w = self.window_before(now);
+        u64::from(w.seen)
+    }
+
+    /// Sums of the window's whole seconds before `second`.
+    fn window_before(&self, second: u64) -> Second {
+        let mut sum = Second::default();
+        let oldest = second.saturating_sub(WINDOW_SECONDS as u64);
+        for s in oldest..second {
+            if s <= self.newest && self.newest - s <= WINDOW_SECONDS as u64 {
+                sum.add(&self.slots[slot(s)]);
+            }
+        }
+        sum
+    }
+
+    /// The window's sums before `now`, for a dependency's totals.
+    pub fn window(&self, now: u64) -> Second {
+        self.window_before(now)
+    }
+
+    /// The last whole second's counts (stepped up to `now`).
+    pub fn last_second(&self, now: u64) -> Second {
+        if self.newest == now && now > 0 {
+            self.slots[slot(now - 1)]
+        } else {
+            Second::default()
+        }
+    }
+
+    /// Whether this tenant holds evidence of trouble worth keeping: cut
+    /// recently, or still below the starting allowance.
+    pub fn holds_trouble(&self, now: u64, limits: &Limits) -> bool {
+        matches!(
+            self.evidence(now, limits).state,
+            HealthState::Trouble | HealthState::Recovering
+        )
+    }
+}
+
+fn grow(allowance: f64) -> f64 {
+    (allowance * GROWTH).max(allowance + 1.0)
+}
+
+fn slot(second: u64) -> usize {
+    (second % (WINDOW_SECONDS as u64 + 1)) as usize
+}
+
+/// The dependency's allowance from its tenants' `(allowance, seen)`: their
+/// average weighted by requests seen; when none was seen in the window,
+/// their plain average; with no tenant, `initial`.
+pub fn blend(tenants: impl IntoIterator<Item = (f64, u64)>, initial: f64) -> f64 {
+    let (mut weighted, mut weight, mut plain, mut n) = (0.0, 0.0, 0.0, 0.0);
+    for (allowance, seen) in tenants {
+        weighted += allowance * seen as f64;
+        weight += seen as f64;
+        plain += allowance;
+        n += 1.0;
+    }
+    if weight > 0.0 {
+        weighted / weight
+    } else if n > 0.0 {
+        plain / n
+    } else {
+        initial
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        floor: 1.0,
+        initial: 20.0,
+        cap: 100.0,
+    };
+
+    fn failures(n: u32) -> Second {
+        Second {
+            failures: n,
+            seen: n,
+            ..Second::default()
+        }
+    }
+
+    #[test]
+    fn no_evidence_starts_at_the_initial_allowance_and_stays() {
+        let mut h = TenantHealth::new(0, 20.0);
+        h.advance(30, &LIMITS);
+        assert_eq!(h.allowance(), 20.0);
+        assert_eq!(h.evidence(30, &LIMITS).state, HealthState::NoEvidence);
+    }
+
+    #[test]
+    fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
+        let mut h = TenantHealth::new(0, 20.0);
+        for s in 0..10 {
+            h.count(s, &failures(1), &LIMITS);
+        }
+        assert_eq!(h.allowance(), 20.0, "one failure a second is no surge");
+        h.count(10, &failures(90), &LIMITS);
+        h.advance(11, &LIMITS);
+        assert_eq!(h.allowance(), 10.0, "cut at the first step after it");
+        let e = h.evidence(11, &LIMITS);
+        assert_eq!(e.state, HealthState::Trouble);
+        assert!(
+            e.to_string().starts_with("failures surged to 90/s from"),
+            "{e}"
+        );
+        for s in 11..15 {
+            h.count(s, &failures(90), &LIMITS);
+        }
+        h.advance(15, &LIMITS);
+        assert_eq!(h.allowance(), 1.0, "at the floor: 10, 5, 2.5, 1.25, 1");
+    }
+
+    #[test]
+    fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
+        let mut h = TenantHealth::new(0, 20.0);
+        // A steady failure rate (no surge), every granted retry failing.
+        for s in 0..20 {
+            h.count(
+                s,
+                &Second {
+                    failures: 5,
+                    seen: 5,
+                    granted: 2,
+                    retries_failed: 2,
+                    deferred: 3,
+                },
+                &LIMITS,
+            );
+        }
+        h.advance(20, &LIMITS);
+        assert_eq!(h.allowance(), 1.0);
+        let e = h.evidence(20, &LIMITS);
+        assert_eq!(e.state, HealthState::Trouble);
+        assert_eq!(
+            e.to_string(),
+            "20 of the 20 retries granted in the last 10 s failed"
+        );
+        // The dependency comes back: the probes succeed, and the retries
+        // wanted are deferred, so it grows.
+        for s in 20..60 {
+            h.count(
+                s,
+                &Second {
+                    failures: 5,
+                    seen: 5,
+                    granted: 1,
+                    retries_failed: 0,
+                    deferred: 5,
+                },
+                &LIMITS,
+            );
+        }
+        h.advance(60, &LIMITS);
+        assert!(h.allowance() > 50.0, "{}", h.allowance());
+        assert_eq!(h.evidence(60, &LIMITS).state, HealthState::Healthy);
+    }
+
+    #[test]
+    fn a_flaky_dependency_is_not_trouble() {
+        // 13 failures a second, a tenth of the granted retries failing.
+        let mut h = TenantHealth::new(0, 20.0);
+        for s in 0..60 {
+            h.count(
+                s,
+                &Second {
+                    failures: 13,
+                    seen: 130,
+                    granted: 13,
+                    retries_failed: u32::from(s % 10 == 0) * 13,
+                    deferred: u32::from(s % 3 == 0),
+                },
+                &LIMITS,
+            );
+        }
+        h.advance(60, &LIMITS);
+        assert!(h.allowance() >= 20.0, "{}", h.allowance());
+        assert_ne!(h.evidence(60, &LIMITS).state, HealthState::Trouble);
+    }
+
+    #[test]
+    fn an_unused_allowance_decays_to_the_initial_one() {
+        let mut h = TenantHealth::new(0, 100.0);
+        h.count(0, &failures(1), &LIMITS);
+        h.advance(40, &LIMITS);
+        assert_eq!(h.allowance(), 20.0);
+    }
+
+    #[test]
+    fn long_gaps_are_stepped_in_bounded_time() {
+        let mut h = TenantHealth::new(0, 1.0);
+        h.count(0, &failures(1), &LIMITS);
+        h.advance(u64::MAX / 2, &LIMITS);
+        assert_eq!(h.allowance(), 20.0, "evidence ages out");
+    }
+
+    #[test]
+    fn the_blend_weighs_tenants_by_requests_seen() {
+        assert_eq!(blend([(1.0, 90), (100.0, 10)], 20.0), 10.9);
+        assert_eq!(blend([(1.0, 0), (9.0, 0)], 20.0), 5.0);
+        assert_eq!(blend([], 20.0), 20.0);
+    }
+}

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use crate::budget::activity::{ActivityKey, ActivityRecord};
 use crate::budget::codes;
+use crate::budget::token::PaceRecord;
 
 /// A store failed or refused a save. Nothing was acknowledged, so the caller
 /// may safely ask again: the gRPC edge reports [`Backend`](Self::Backend),
@@ -175,6 +176,17 @@ pub trait Store: Send + Sync + 'static {
     fn commit_stats(&self) -> Option<&CommitStats> {
         None
     }
+
+    /// Keeps the dependencies' paces (replacing those of the same names),
+    /// so that a restarted service finds each where it stood. Called about
+    /// once a second with the paces that changed; not on the request path.
+    fn save_paces(
+        &self,
+        paces: Vec<PaceRecord>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Every pace kept (read once, at start-up).
+    fn load_paces(&self) -> impl Future<Output = Result<Vec<PaceRecord>, StoreError>> + Send;
 
     /// Whether the store answers now, for health. The default, for a store
     /// in the process, always does.

@@ -122,6 +122,15 @@ impl Store for HeldSaves {
     async fn count(&self) -> Result<u64, StoreError> {
         self.inner.count().await
     }
+    async fn save_paces(
+        &self,
+        paces: Vec<retry_budget::budget::token::PaceRecord>,
+    ) -> Result<(), StoreError> {
+        self.inner.save_paces(paces).await
+    }
+    async fn load_paces(&self) -> Result<Vec<retry_budget::budget::token::PaceRecord>, StoreError> {
+        self.inner.load_paces().await
+    }
 }
 
 /// Polls `check` until it holds, for at most 30 s.

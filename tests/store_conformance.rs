@@ -15,6 +15,7 @@ use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
     ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,
 };
+use retry_budget::budget::token::{HealthState, PaceRecord, TenantPaceRecord};
 use retry_budget::store::{
     CheckpointFault, PgStore, PostgresOptions, RedbStore, RedbStoreOptions, Replaced, Store,
 };
@@ -205,6 +206,48 @@ pub async fn conformance<S: Store, F: Fn() -> S>(open: F) {
     assert_eq!(loaded(&store, &c).await, Some(later_c));
     assert_eq!(store.purge(NOW + 5_000_001, 1000).await.unwrap(), 1);
     assert_eq!(loaded(&store, &c).await, None);
+
+    paces(store, open).await;
+}
+
+/// A dependency's pace, as the bucket persists it.
+fn pace(name: &str, allowance: f64, state: HealthState) -> PaceRecord {
+    PaceRecord {
+        dependency: name.to_owned(),
+        allowance,
+        state,
+        saved_at_ms: NOW,
+        tenants: vec![TenantPaceRecord {
+            tenant: "t1".into(),
+            allowance,
+            baseline: 12.5,
+            state,
+            success_rate: 2000.0,
+        }],
+    }
+}
+
+/// The paces: kept, replaced by name, and there after reopening, trouble
+/// as well as health.
+async fn paces<S: Store, F: Fn() -> S>(store: S, open: F) {
+    assert_eq!(
+        store.load_paces().await.unwrap(),
+        Vec::new(),
+        "none at first"
+    );
+    let down = pace("payments-api", 1.0, HealthState::Trouble);
+    let busy = pace("ledger", 200.0, HealthState::Healthy);
+    store
+        .save_paces(vec![down.clone(), busy.clone()])
+        .await
+        .unwrap();
+    let recovered = pace("payments-api", 8.0, HealthState::Recovering);
+    store.save_paces(vec![recovered.clone()]).await.unwrap();
+    drop(store);
+    let store = open();
+    let mut kept = store.load_paces().await.unwrap();
+    kept.sort_by(|a, b| a.dependency.cmp(&b.dependency));
+    assert_eq!(kept, vec![busy, recovered]);
 }
 
 #[tokio::test]

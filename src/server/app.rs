@@ -105,6 +105,9 @@ impl<S: Store> App<S> {
         // starts after it, so that its first interval finds the leases'
         // table on a new database.
         let store_answers = watch::ping(&ledger).await;
+        // Each dependency where it stood before a restart, before the first
+        // request.
+        watch::restore_paces(&ledger, &bucket).await;
         let coordinator = coordination
             .map(|pool| {
                 Coordinator::start(pool, bucket.clone(), config.bucket.clone(), replica.clone())
@@ -139,6 +142,10 @@ impl<S: Store> App<S> {
         if let Some(state) = app.coordinator.as_ref().map(Coordinator::state) {
             app.spawn(watch::coordination_health(state, app.health.clone()));
         }
+        app.spawn(watch::save_paces(
+            Arc::clone(&app.ledger),
+            app.bucket.clone(),
+        ));
         app.spawn(watch::sweep(
             Arc::clone(&app.ledger),
             replica.replica_id().to_owned(),

@@ -1,5 +1,6 @@
-//! The server's background duties: health that follows the store, and the
-//! retention sweep, run by one replica at a time.
+//! The server's background duties: health that follows the store, the
+//! retention sweep, run by one replica at a time, and the dependencies'
+//! paces kept across restarts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,8 @@ use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::bucket::FairBucket;
+use crate::budget::token::PaceRecord;
 use crate::coord::{CoordinationState, CoordinationStatus};
 use crate::ledger::Ledger;
 use crate::store::Store;
@@ -190,5 +193,75 @@ pub(super) async fn sweep<S: Store>(
             Ok(purged) => tracing::info!(purged, "retention sweep"),
             Err(error) => tracing::warn!(%error, "retention sweep failed"),
         }
+    }
+}
+
+/// How often the dependencies' paces are saved.
+const PACE_SAVE_PERIOD: Duration = Duration::from_secs(1);
+
+/// Paces saved longer ago than this are not taken back at start-up: the
+/// dependency's health then is no evidence of its health now.
+const PACE_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// Gives `bucket` the paces the store kept (at start-up, before serving),
+/// those saved within [`PACE_MAX_AGE`]. A store that cannot read them
+/// leaves every dependency at its starting allowance, and says so.
+pub(super) async fn restore_paces<S: Store>(ledger: &Ledger<S>, bucket: &FairBucket) {
+    match ledger.store().load_paces().await {
+        Ok(paces) => {
+            let oldest = crate::clock::now_ms()
+                .saturating_sub(i64::try_from(PACE_MAX_AGE.as_millis()).unwrap_or(i64::MAX));
+            let recent: Vec<PaceRecord> = paces
+                .into_iter()
+                .filter(|p| p.saved_at_ms >= oldest)
+                .collect();
+            if !recent.is_empty() {
+                tracing::info!(dependencies = recent.len(), "dependency paces restored");
+            }
+            bucket.restore_paces(&recent);
+        }
+        Err(error) => tracing::warn!(%error, "dependency paces not restored"),
+    }
+}
+
+/// Saves the dependencies' paces that changed, once a second, through the
+/// store (each replica its own view on PostgreSQL; the last writer wins).
+pub(super) async fn save_paces<S: Store>(ledger: Arc<Ledger<S>>, bucket: FairBucket) {
+    let mut ticks = tokio::time::interval(PACE_SAVE_PERIOD);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut saved: std::collections::HashMap<String, PaceRecord> = std::collections::HashMap::new();
+    loop {
+        ticks.tick().await;
+        let changed: Vec<PaceRecord> = bucket
+            .pace_records(crate::clock::now_ms())
+            .into_iter()
+            .filter(|p| {
+                saved
+                    .get(&p.dependency)
+                    .is_none_or(|old| !same_pace(old, p))
+            })
+            .collect();
+        if changed.is_empty() {
+            continue;
+        }
+        match ledger.store().save_paces(changed.clone()).await {
+            Ok(()) => {
+                for p in changed {
+                    saved.insert(p.dependency.clone(), p);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "dependency paces not saved"),
+        }
+    }
+}
+
+/// Whether two paces say the same, the time they were saved aside.
+fn same_pace(a: &PaceRecord, b: &PaceRecord) -> bool {
+    PaceRecord {
+        saved_at_ms: 0,
+        ..a.clone()
+    } == PaceRecord {
+        saved_at_ms: 0,
+        ..b.clone()
     }
 }

@@ -23,6 +23,7 @@ mod schema;
 use prost::Message;
 
 use crate::budget::activity::ActivityRecord;
+use crate::budget::token::PaceRecord;
 
 /// The generated types of `retrybudget.store.v1`: the stored schema, which
 /// never leaves the store.
@@ -61,6 +62,22 @@ pub enum DecodeError {
 }
 
 /// Appends `record` to `out`, format byte first.
+/// A dependency's pace, as the stores keep it: protobuf
+/// `retrybudget.store.v1.DependencyPace`, without a format byte (the
+/// message's own fields carry its versions).
+pub fn encode_pace(pace: &PaceRecord) -> Vec<u8> {
+    pb::DependencyPace::from(pace).encode_to_vec()
+}
+
+/// A pace back from its bytes.
+///
+/// # Errors
+/// [`DecodeError`] when the bytes are not a pace.
+pub fn decode_pace(bytes: &[u8]) -> Result<PaceRecord, DecodeError> {
+    let stored = pb::DependencyPace::decode(bytes)?;
+    Ok(stored.into())
+}
+
 pub fn encode_into(record: &ActivityRecord, out: &mut Vec<u8>) {
     out.push(PROTOBUF_V1);
     pb::ActivityRecord::from(record)

@@ -49,6 +49,7 @@ use tokio_postgres::error::SqlState;
 pub use self::migrate::{MIGRATIONS, MigrateError, migrate};
 use super::{CommitStats, Replaced, Store, StoreError, codec};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
+use crate::budget::token::PaceRecord;
 
 /// How the PostgreSQL store connects and commits.
 #[derive(Debug, Clone)]
@@ -285,6 +286,45 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| Failure::new("purge", e).to_store_error())?;
             Ok(usize::try_from(purged).unwrap_or(usize::MAX))
+        })
+        .await
+    }
+
+    async fn save_paces(&self, paces: Vec<PaceRecord>) -> Result<(), StoreError> {
+        self.bounded("save paces", async {
+            let client = self.client("save paces").await?;
+            for pace in &paces {
+                client
+                    .execute(
+                        "INSERT INTO retry_budget_dependency_paces (dependency, pace, saved_at) \
+                         VALUES ($1, $2, $3) ON CONFLICT (dependency) \
+                         DO UPDATE SET pace = EXCLUDED.pace, saved_at = EXCLUDED.saved_at",
+                        &[
+                            &pace.dependency,
+                            &codec::encode_pace(pace),
+                            &pace.saved_at_ms,
+                        ],
+                    )
+                    .await
+                    .map_err(|e| Failure::new("save paces", e).to_store_error())?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn load_paces(&self) -> Result<Vec<PaceRecord>, StoreError> {
+        self.bounded("load paces", async {
+            let client = self.client("load paces").await?;
+            let rows = client
+                .query("SELECT pace FROM retry_budget_dependency_paces", &[])
+                .await
+                .map_err(|e| Failure::new("load paces", e).to_store_error())?;
+            // A pace that does not decode is skipped: it is advice.
+            Ok(rows
+                .iter()
+                .filter_map(|row| codec::decode_pace(row.get::<_, &[u8]>(0)).ok())
+                .collect())
         })
         .await
     }

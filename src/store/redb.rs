@@ -78,6 +78,7 @@ use self::writer::{Command, Write, WriteError, WriterHandle};
 use super::{CommitStats, Replaced, Store, StoreError};
 use super::{codec, journal};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
+use crate::budget::token::PaceRecord;
 pub use gate::RuntimeIdle;
 
 /// The file name of the database inside the data directory.
@@ -476,6 +477,28 @@ impl Store for RedbStore {
         .await
         .map_err(backend("run the purge"))?
         .map_err(backend("purge"))
+    }
+
+    async fn save_paces(&self, paces: Vec<PaceRecord>) -> Result<(), StoreError> {
+        let shared = Arc::clone(&self.shared);
+        let encoded: Vec<(String, Vec<u8>)> = paces
+            .iter()
+            .map(|p| (p.dependency.clone(), codec::encode_pace(p)))
+            .collect();
+        tokio::task::spawn_blocking(move || tables::save_paces(&shared.db, &encoded))
+            .await
+            .map_err(backend("run the pace save"))?
+            .map_err(backend("save the paces"))
+    }
+
+    async fn load_paces(&self) -> Result<Vec<PaceRecord>, StoreError> {
+        let bytes = tables::load_paces(&self.shared.db).map_err(backend("load the paces"))?;
+        // A pace that does not decode is skipped: it is advice, and the
+        // next save replaces it.
+        Ok(bytes
+            .iter()
+            .filter_map(|b| codec::decode_pace(b).ok())
+            .collect())
     }
 
     async fn count(&self) -> Result<u64, StoreError> {

@@ -8,7 +8,7 @@ use super::{DecodeError, pb};
 use crate::budget::action::{Action, ErrorClass};
 use crate::budget::activity::{ActivityRecord, Deferral, Event, EventKind, Policy, Status};
 use crate::budget::hint::{Hint, HintSource, IgnoredHints};
-use crate::budget::token::Payment;
+use crate::budget::token::{HealthState, PaceRecord, Payment, TenantPaceRecord};
 
 impl From<Status> for pb::Status {
     fn from(status: Status) -> Self {
@@ -270,5 +270,51 @@ impl TryFrom<pb::Hint> for Hint {
                 retry_info: ignored.retry_info,
             },
         })
+    }
+}
+
+impl From<&PaceRecord> for pb::DependencyPace {
+    fn from(p: &PaceRecord) -> Self {
+        Self {
+            dependency: p.dependency.clone(),
+            allowance: p.allowance,
+            state: p.state.code(),
+            saved_at_ms: p.saved_at_ms,
+            tenants: p
+                .tenants
+                .iter()
+                .map(|t| pb::TenantPace {
+                    tenant: t.tenant.clone(),
+                    allowance: t.allowance,
+                    baseline: t.baseline,
+                    state: t.state.code(),
+                    success_rate: t.success_rate,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A stored pace is advice: an unknown state reads as no evidence, and the
+/// bucket checks every number before it takes it.
+impl From<pb::DependencyPace> for PaceRecord {
+    fn from(p: pb::DependencyPace) -> Self {
+        Self {
+            dependency: p.dependency,
+            allowance: p.allowance,
+            state: HealthState::from_code(p.state),
+            saved_at_ms: p.saved_at_ms,
+            tenants: p
+                .tenants
+                .into_iter()
+                .map(|t| TenantPaceRecord {
+                    tenant: t.tenant,
+                    allowance: t.allowance,
+                    baseline: t.baseline,
+                    state: HealthState::from_code(t.state),
+                    success_rate: t.success_rate,
+                })
+                .collect(),
+        }
     }
 }

@@ -24,6 +24,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "replica_leases",
         include_str!("../../../migrations/0002_replica_leases.sql"),
     ),
+    (
+        3,
+        "dependency_paces",
+        include_str!("../../../migrations/0003_dependency_paces.sql"),
+    ),
 ];
 
 /// The table that records which migrations ran.

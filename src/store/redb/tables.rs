@@ -14,6 +14,8 @@ pub(super) const ACTIVITIES: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("activities");
 pub(super) const PURGE_INDEX: TableDefinition<(i64, &str, &str), ()> =
     TableDefinition::new("purge_index");
+/// Each dependency's pace (`codec::encode_pace`), by name.
+pub(super) const PACES: TableDefinition<&str, &[u8]> = TableDefinition::new("dependency_paces");
 
 /// A read snapshot of the `activities` table.
 pub(super) fn snapshot(
@@ -102,4 +104,33 @@ pub(super) fn purge(db: &Database, cutoff_ms: i64, limit: usize) -> Result<usize
     }
     txn.commit()?;
     Ok(purged)
+}
+
+/// One write transaction that keeps `paces`, replacing those of the same
+/// names. Outside the journal: a pace is advice, saved once a second, and
+/// lost at worst for the second before a crash.
+pub(super) fn save_paces(db: &Database, paces: &[(String, Vec<u8>)]) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut table = txn.open_table(PACES)?;
+        for (name, bytes) in paces {
+            table.insert(name.as_str(), bytes.as_slice())?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Every pace kept, as bytes.
+pub(super) fn load_paces(db: &Database) -> Result<Vec<Vec<u8>>, redb::Error> {
+    let txn = db.begin_read()?;
+    let table = match txn.open_table(PACES) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    table
+        .iter()?
+        .map(|entry| entry.map(|(_, v)| v.value().to_vec()).map_err(Into::into))
+        .collect()
 }

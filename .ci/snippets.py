@@ -6,7 +6,8 @@ checks what each one promises.
 
 The documents are DOCS below. For each one, a fresh server with the default
 flags on 127.0.0.1:50051 (the address the snippets name, as the README's
-`cargo run --release` serves it), then every snippet in file order; then
+`cargo run --release` serves it; only `--drain-delay 0s`, so that it stops
+at once, which no snippet sees), then every snippet in file order; then
 another fresh server and every snippet in reverse order. A snippet that
 works only after another one (the same activity, tenant or dependency)
 fails one of the two.
@@ -22,9 +23,11 @@ Not every snippet is a step to run: SPECS says, by document, heading and
 place under the heading, which ones are skipped and why, which are excerpts
 (checked to parse, not run), and where the others run. A snippet SPECS does
 not name is run by its language. PREREQUISITES are the install commands the
-documents give in their text; they run once, before both orders, in a
-virtual environment of this script's own (SNIPPETS_VENV, by default
-~/.cache/retry-budget/snippets-venv), never in the Python that runs it.
+documents give (in their text, or as a line of a snippet); they run once,
+before both orders, and a snippet's line that is one of them is not run
+again. They install into a virtual environment of this script's own
+(SNIPPETS_VENV, by default ~/.cache/retry-budget/snippets-venv), never into
+the Python that runs it.
 
 Needs: node and npm, Redis on 127.0.0.1:6379 and PostgreSQL on
 127.0.0.1:5432 (.ci/integrations_check.sh starts both), and 127.0.0.1:50051
@@ -249,7 +252,8 @@ class Server:
     def __init__(self, binary: str, scratch: Path):
         self.log = scratch / "server.log"
         self.proc = subprocess.Popen(
-            [binary, "--listen", "%s:%d" % ADDRESS, "--data-dir", str(scratch / "data")],
+            [binary, "--listen", "%s:%d" % ADDRESS, "--data-dir", str(scratch / "data"),
+             "--drain-delay", "0s"],
             stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), env={**os.environ, "NO_COLOR": "1"})
         deadline = time.monotonic() + 20
         while "serving addr=" not in self.log.read_text():
@@ -305,10 +309,25 @@ def sh_commands(text: str) -> list:
     return commands
 
 
+def without_comment(command: str) -> str:
+    """The command without a trailing `# comment` (outside quotes)."""
+    quote = None
+    for k, c in enumerate(command):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (k == 0 or command[k - 1].isspace()):
+            return command[:k].strip()
+    return command.strip()
+
+
 def run_sh(snippet: Snippet, cwd: Path, env: dict, work: Path) -> None:
     """One bash, as a terminal would be: each command's output and status
-    are recorded apart, and the first that fails ends the snippet."""
-    commands = sh_commands(snippet.text)
+    are recorded apart, and the first that fails ends the snippet. A
+    command that is one of the PREREQUISITES ran already."""
+    done = {c for cs in PREREQUISITES.values() for c in cs}
+    commands = [c for c in sh_commands(snippet.text) if without_comment(c[1]) not in done]
     script = ["set -u"]
     for k, (_, command, _) in enumerate(commands):
         out = work / f"cmd{k}.out"

@@ -251,10 +251,11 @@ class Server:
 
     def __init__(self, binary: str, scratch: Path):
         self.log = scratch / "server.log"
-        self.proc = subprocess.Popen(
-            [binary, "--listen", "%s:%d" % ADDRESS, "--data-dir", str(scratch / "data"),
-             "--drain-delay", "0s"],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), env={**os.environ, "NO_COLOR": "1"})
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [binary, "--listen", "%s:%d" % ADDRESS, "--data-dir", str(scratch / "data"),
+                 "--drain-delay", "0s"],
+                stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "NO_COLOR": "1"})
         deadline = time.monotonic() + 20
         while "serving addr=" not in self.log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -6,8 +6,11 @@
 #
 #   .ci/integrations_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
 #
-# Installs what it needs at pinned versions (the ones docs/integrations.md
-# names), starts Redis if `redis-cli ping` fails, and PostgreSQL (15, on
+# Installs the package with the extras docs/integrations.md names, and no
+# other framework package, at pinned versions (the ones that document
+# names, as a pip constraints file: a pin installs nothing by itself), so
+# that a user's `pip install "./clients/python[celery]"` is what runs here;
+# then starts Redis if `redis-cli ping` fails, and PostgreSQL (15, on
 # 127.0.0.1:5432) if it does not answer. The DBOS test creates and drops a
 # database of its own.
 set -euo pipefail
@@ -20,7 +23,7 @@ PY=${PYTHON:-python3}
 # The frameworks, pinned: docs/integrations.md says the same versions.
 TEMPORALIO=1.35.0
 CELERY=5.7.0
-REDIS_PY=8.2.0
+REDIS_PY=8.2.0 # what celery[redis] installs, kombu's Redis transport's client
 DBOS=3.4.0
 GRPCIO_TOOLS=1.85.1 # the one that generated clients/python/retry_budget/_pb
 PYTEST=9.2.0
@@ -42,14 +45,20 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
 fi
 pg_isready -h 127.0.0.1 -p 5432
 
-echo "--- Python: the package, installed as a user would (pip install ./clients/python)"
-PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check \
-  "$ROOT/clients/python" "temporalio==$TEMPORALIO" "celery[redis]==$CELERY" "redis==$REDIS_PY" \
-  "dbos==$DBOS" "grpcio-tools==$GRPCIO_TOOLS" "pytest==$PYTEST" "mypy==$MYPY"
+echo "--- Python: the package with the extras the docs name, installed as a user would"
+constraints=$(mktemp)
+printf '%s\n' "temporalio==$TEMPORALIO" "celery==$CELERY" "redis==$REDIS_PY" "dbos==$DBOS" \
+  "grpcio-tools==$GRPCIO_TOOLS" "pytest==$PYTEST" >"$constraints"
+PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check -c "$constraints" \
+  "$ROOT/clients/python[temporal,celery,dbos,test]"
+rm -f "$constraints"
+# mypy checks the package's types below; it is a tool of this check, not
+# something the package or its tests import.
+PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check "mypy==$MYPY"
 # From a folder without the checkout on sys.path: the installed package.
 (cd / && "$PY" -c 'import retry_budget, retry_budget.temporal, retry_budget.celery, retry_budget.dbos, importlib.metadata as m
 print("retry_budget", m.version("retry-budget"), "from", retry_budget.__file__)
-print(" ".join("%s %s" % (n, m.version(n)) for n in ("temporalio", "celery", "dbos", "grpcio", "protobuf")))')
+print(" ".join("%s %s" % (n, m.version(n)) for n in ("temporalio", "celery", "redis", "packaging", "dbos", "grpcio", "protobuf")))')
 "$PY" "$ROOT/clients/python/gen_stubs.py" --check
 # The package is typed (py.typed, the stubs' .pyi): its annotations hold
 # against the frameworks' own (celery has none: --ignore-missing-imports).

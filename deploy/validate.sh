@@ -17,14 +17,17 @@
 #     compose runs it and as a test with loopback replicas would;
 #   - deploy/compose.yaml and deploy/compose-postgres.yaml with
 #     `docker-compose config` or `docker compose config`.
-#   - deploy/prometheus/: `promtool check rules` and `promtool test rules`
-#     (the alerts' unit tests), `promtool check config` of the example
-#     prometheus.yml; deploy/grafana/check.py on the dashboard (its form,
-#     panels and datasource input) and on every metric name the dashboard
-#     and the rules use; and, where the debug binary is built
-#     (target/debug/retry-budget, after cargo test), a real Prometheus
-#     scraping a real server, which must be up, and running every query of
-#     the dashboard and the rules (deploy/prometheus/scrape_check.py).
+#   - deploy/prometheus/: `promtool check rules`, `promtool check config` of
+#     the example prometheus.yml; deploy/grafana/check.py on the dashboard
+#     (its form, panels and datasource input) and on every metric name the
+#     dashboard and the rules use; and, where the binary is built
+#     (RETRY_BUDGET_BIN, by default target/debug/retry-budget, after cargo
+#     test), a freshly started server: `promtool test rules` (the alerts'
+#     unit tests) fed what its first scrape exports
+#     (deploy/prometheus/fresh_series.py: a counter the tests start at 0
+#     must be exported at 0 from the start), then a real Prometheus scraping
+#     it, which must be up, and running every query of the dashboard and the
+#     rules (deploy/prometheus/scrape_check.py).
 #     (`promtool check metrics` is not used: it reads only the classic text
 #     format, and the server writes OpenMetrics, with an info type.)
 # A missing haproxy, compose tool or promtool skips its checks, and says so.
@@ -125,7 +128,6 @@ if ! command -v promtool >/dev/null 2>&1; then
 else
   version=$(promtool --version 2>&1 | sed -n '1s/^promtool, version \([^ ]*\).*/\1/p')
   for check in "check rules deploy/prometheus/retry-budget.rules.yaml" \
-    "test rules deploy/prometheus/retry-budget.rules.test.yaml" \
     "check config deploy/prometheus/prometheus.yml"; do
     # $check unquoted: promtool's subcommand and file, as words.
     # shellcheck disable=SC2086
@@ -136,9 +138,9 @@ else
       fail "promtool $check (promtool $version)"
     fi
   done
-  server=target/debug/retry-budget
-  if [[ ! -x $server ]] || ! command -v prometheus >/dev/null 2>&1; then
-    echo "skip - a real Prometheus scraping the server: $server or prometheus is missing"
+  server=${RETRY_BUDGET_BIN:-target/debug/retry-budget}
+  if [[ ! -x $server ]]; then
+    echo "skip - promtool test rules and a real Prometheus: they need a fresh server, and $server is not built (cargo build, or RETRY_BUDGET_BIN)"
   else
     scratch=$(mktemp -d)
     free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -147,6 +149,25 @@ else
     "$server" --listen 127.0.0.1:0 --data-dir "$scratch/data" --metrics-listen "127.0.0.1:$metrics_port" \
       --drain-delay 0s 2>"$scratch/server.log" &
     server_pid=$!
+    # The alerts' unit tests, fed the first scrape of this fresh server.
+    if python3 deploy/prometheus/fresh_series.py "http://127.0.0.1:$metrics_port/metrics" \
+      deploy/prometheus/retry-budget.rules.test.yaml >"$scratch/rules.test.yaml" \
+      && out=$(promtool test rules "$scratch/rules.test.yaml" 2>&1); then
+      echo "$out"
+      pass "promtool test rules deploy/prometheus/retry-budget.rules.test.yaml, fed a fresh server's scrape (promtool $version)"
+    else
+      echo "${out:-}" >&2
+      fail "promtool test rules deploy/prometheus/retry-budget.rules.test.yaml, fed a fresh server's scrape (promtool $version)"
+    fi
+  fi
+  if [[ ! -x $server ]]; then
+    :
+  elif ! command -v prometheus >/dev/null 2>&1; then
+    echo "skip - a real Prometheus scraping the server: prometheus is missing"
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    rm -rf "$scratch"
+  else
     printf '%s\n' "global: {scrape_interval: 1s, evaluation_interval: 1s}" \
       "rule_files: [$PWD/deploy/prometheus/retry-budget.rules.yaml]" \
       "scrape_configs: [{job_name: retry-budget, static_configs: [{targets: ['127.0.0.1:$metrics_port']}]}]" \

@@ -45,6 +45,33 @@ const ACTIONS: [&str; 8] = [
     "other",
 ];
 
+/// The decisions a `NextAction` answers, by action and stable code:
+/// exported at 0 from the start, so that the rate of the first retry or
+/// deferral is seen (`RetryBudgetRetryStorm`, `RetryBudgetDeferralRatioHigh`
+/// in deploy/prometheus/retry-budget.rules.yaml).
+const DECISIONS: [(&str, &str); 6] = [
+    ("ACTION_SCHEDULE_RETRY", codes::SCHEDULE_RETRY),
+    ("ACTION_DEFERRED", codes::DEFERRED),
+    ("ACTION_ATTEMPTS_EXHAUSTED", codes::ATTEMPTS_EXHAUSTED),
+    ("ACTION_DEADLINE_EXCEEDED", codes::DEADLINE_EXCEEDED),
+    ("ACTION_FAIL_PERMANENT", codes::FAIL_PERMANENT),
+    ("ACTION_MANUAL_REVIEW", codes::MANUAL_REVIEW),
+];
+
+/// Why a retry is deferred, or in shadow mode would have been: exported at
+/// 0 from the start. Shadow mode has one more, `reservation_past_max_wait`.
+const DEFER_REASONS: [&str; 4] = [
+    codes::DEPENDENCY_BUDGET_EXHAUSTED,
+    codes::TENANT_SHARE_EXHAUSTED,
+    codes::GLOBAL_CAPACITY_EXHAUSTED,
+    codes::TENANT_BACKLOG_FULL,
+];
+
+/// The results of a reload, of the configuration or of the TLS files: both
+/// exported at 0 from the start, so that `increase(...{result="failed"})`
+/// sees a process's first failed reload.
+const RELOAD_RESULTS: [&str; 2] = ["ok", "failed"];
+
 /// Labels of a counter keyed by static strings.
 type Labels1 = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
@@ -177,6 +204,23 @@ impl Metrics {
             commit_seconds.clone(),
         );
         registry.register_collector(Box::new(collect::Scraped::new(sources, top)));
+        // A counter appears at its first increment unless it is created
+        // here: every one an alert reads starts at 0 for its known labels.
+        for (action, code) in DECISIONS {
+            decisions.get_or_create_owned(&[("action", action), ("code", code)]);
+        }
+        for reason in DEFER_REASONS {
+            deferrals.get_or_create_owned(&[("reason", reason)]);
+            would_defer.get_or_create_owned(&[("reason", reason)]);
+        }
+        would_defer.get_or_create_owned(&[("reason", codes::RESERVATION_PAST_MAX_WAIT)]);
+        for kind in ["policy", "class"] {
+            conflicts.get_or_create_owned(&[("kind", kind)]);
+        }
+        for result in RELOAD_RESULTS {
+            reloads.get_or_create_owned(&[("result", result)]);
+            tls_reloads.get_or_create_owned(&[("result", result)]);
+        }
         Self {
             inner: Arc::new(Inner {
                 registry,

@@ -130,6 +130,78 @@ async fn a_scrape_shows_what_the_server_did() {
     );
 }
 
+/// A server that has done nothing yet exports, at 0, every counter an alert
+/// of deploy/prometheus/retry-budget.rules.yaml reads, for each of its known
+/// labels: `increase()` and `rate()` see an event only as a rise from a
+/// sample before it, so a counter that appears at 1 never fires its alert
+/// the first time. (deploy/validate.sh feeds the rules' own tests this
+/// scrape.)
+#[tokio::test]
+async fn a_fresh_server_exports_every_counter_an_alert_reads_at_zero() {
+    let port = free_port();
+    let server = TestServer::start_with(|c| {
+        c.metrics.listen = Some(([127, 0, 0, 1], port).into());
+    })
+    .await;
+    // The metrics listener is bound beside the gRPC one, not before it.
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, text) = get(port, "/metrics").await;
+    let mut series = vec![
+        r#"retry_budget_config_reloads_total{result="ok"}"#.to_owned(),
+        r#"retry_budget_config_reloads_total{result="failed"}"#.to_owned(),
+        r#"retry_budget_tls_reloads_total{result="failed"}"#.to_owned(),
+        r#"retry_budget_decisions_total{action="ACTION_SCHEDULE_RETRY",code="schedule_retry"}"#
+            .to_owned(),
+        r#"retry_budget_decisions_total{action="ACTION_DEFERRED",code="deferred"}"#.to_owned(),
+        r#"retry_budget_shadow_would_defer_total{reason="reservation_past_max_wait"}"#.to_owned(),
+        "retry_budget_connections_refused_total".to_owned(),
+        "retry_budget_bucket_tokens_granted_total".to_owned(),
+    ];
+    for reason in [
+        "dependency_budget_exhausted",
+        "tenant_share_exhausted",
+        "global_capacity_exhausted",
+        "tenant_backlog_full",
+    ] {
+        series.push(format!(
+            r#"retry_budget_deferrals_total{{reason="{reason}"}}"#
+        ));
+        series.push(format!(
+            r#"retry_budget_shadow_would_defer_total{{reason="{reason}"}}"#
+        ));
+    }
+    for method in [
+        "NextAction",
+        "RecordSuccess",
+        "GetActivity",
+        "ResolveActivity",
+        "ReportTraffic",
+    ] {
+        for code in [
+            "store_backlogged",
+            "store_unavailable",
+            "store_closed",
+            "shutting_down",
+        ] {
+            series.push(format!(
+                r#"retry_budget_rpc_refusals_total{{method="{method}",code="{code}"}}"#
+            ));
+        }
+    }
+    for s in &series {
+        assert_eq!(sample(&text, s), Some(0.0), "{s} in\n{text}");
+    }
+    server.stop().await.unwrap();
+}
+
 /// Shadow mode: the bucket computes every admission but never defers; a
 /// retry it would have deferred goes ahead, says so, is replayed as it was
 /// answered, and is counted.
@@ -187,7 +259,7 @@ async fn shadow_mode_lets_retries_go_and_counts_what_it_would_defer() {
             &text,
             r#"retry_budget_deferrals_total{reason="global_capacity_exhausted"}"#
         ),
-        None,
+        Some(0.0),
         "nothing was deferred"
     );
 }

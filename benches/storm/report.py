@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The storm lab's table and plot, from the runs benches/storm/run.sh wrote.
 
-    python3 benches/storm/report.py benches/storm/results/runs --plot docs/storm.png
+    python3 benches/storm/report.py target/storm/runs --plot target/storm/storm.png
+    python3 benches/storm/report.py benches/storm/results/runs --plot docs/storm.png   # the page's
 
 Prints one Markdown table per scenario: each figure is the median over the
 seeds, with the range [min-max] when the seeds differ; for `two-deps`, the
@@ -18,6 +19,7 @@ import glob
 import json
 import os
 import statistics
+import sys
 
 POLICIES = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-static100",
             "rb-ratio", "rb-static2", "rb-static5", "rb-low", "rb-static20", "rb-static40"]
@@ -212,7 +214,12 @@ def draw(ax, rows, get, first, label):
 
 
 def plot(runs, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("report.py: --plot needs matplotlib, which this Python lacks; benches/storm/run.sh "
+                 "makes a virtual environment with it (target/storm-venv), or: python3 -m venv v && "
+                 "v/bin/pip install matplotlib==3.11.2, then run this with v/bin/python")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -6,10 +6,14 @@
 #   benches/storm/run.sh                     # the full lab: 3 seeds, ~2 h 40 min
 #   SEEDS=1 SCENARIOS=drop benches/storm/run.sh   # one scenario, one seed
 #   SCENARIOS=flaky POLICIES="none rb-default" benches/storm/run.sh
+#   OUT=benches/storm/results PLOT=docs/storm.png benches/storm/run.sh   # the committed lab
 #
-# Results go to benches/storm/results/runs/*.json (one run each; a run
-# already there is not run again, so an interrupted lab resumes), the table
-# to benches/storm/results/table.md, the plot to docs/storm.png.
+# Results go to $OUT/runs/*.json (one run each; a run already there is not
+# run again, so an interrupted lab resumes), the table to $OUT/table.md, the
+# plot to $PLOT. By default OUT is target/storm, a folder of the rerun's own
+# that git ignores, and PLOT is $OUT/storm.png: a rerun leaves the committed
+# results (benches/storm/results) and docs/storm.png alone unless OUT and
+# PLOT name them. Delete $OUT, or name another, to run everything again.
 # PARALLEL runs at once (default 2): each run is light (C = 200 requests a
 # second), and every run reports its own scheduler lag and whether it was
 # starved, so a machine that did not keep up shows in the table.
@@ -24,8 +28,9 @@ SCENARIOS="${SCENARIOS:-drop two-deps flaky drop10 drop1000 restart}"
 POLICIES="${POLICIES:-none naive backoff aws grpc finagle rb-default rb-static100 rb-ratio rb-static2 rb-static5 rb-low rb-static20 rb-static40}"
 PARALLEL="${PARALLEL:-2}"
 CAPACITY="${CAPACITY:-200}"
-OUT="${OUT:-benches/storm/results}"
 TARGET="${CARGO_TARGET_DIR:-target}"
+OUT="${OUT:-$TARGET/storm}"
+PLOT="${PLOT:-$OUT/storm.png}"
 
 # Two builds, not one: built together, the server would be compiled with the
 # lab's tokio features and be another binary than the one users run.
@@ -58,5 +63,18 @@ if [ "${#jobs[@]}" -gt 0 ]; then
     fi' storm "$TARGET" "$OUT" "$CAPACITY" || true
 fi
 
-python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
-python3 benches/storm/report.py "$OUT/runs" --plot docs/storm.png | tee "$OUT/table.md"
+# The plot needs matplotlib: python3's if it has it, else a virtual
+# environment of the lab's own under $TARGET, never an install into the
+# Python in use.
+py=python3
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  venv="$TARGET/storm-venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    echo "storm lab: installing matplotlib into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "matplotlib==3.11.2"
+  fi
+  py="$venv/bin/python"
+fi
+"$py" benches/storm/report.py "$OUT/runs" --plot "$PLOT" | tee "$OUT/table.md"
+echo "storm lab: runs in $OUT/runs, table in $OUT/table.md, plot in $PLOT"

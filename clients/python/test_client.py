@@ -191,6 +191,20 @@ def test_unspecified_error_class_is_invalid(client):
     assert error_code(e.value) == "unknown_error_class"
 
 
+def test_error_class_by_its_proto_name_and_its_former_alias(client):
+    # `error_class=`, as the proto and the Node client name it; `error_class_=`,
+    # the name before it, still works; both, or neither, is a TypeError.
+    assert client.next_action_pure(1, 3, 5, 30, error_class="transient").code == "schedule_retry"
+    assert client.next_action_pure(1, 3, 5, 30, error_class_="permanent").code == "fail_permanent"
+    aid = "alias-" + uuid.uuid4().hex[:8]
+    assert client.report_failure(aid, 1, error_class="transient").attempt == 1
+    assert client.report_failure(aid, 1, error_class_="transient").replayed
+    with pytest.raises(TypeError, match="both error_class and its alias"):
+        client.report_failure(aid, 1, error_class="transient", error_class_="transient")
+    with pytest.raises(TypeError, match="missing required argument: 'error_class'"):
+        client.report_failure(aid, 1)
+
+
 def test_durable_report_replay_order_success_and_history(client):
     aid = "charge-" + uuid.uuid4().hex[:8]
     # A minute ago, to the second: the server refuses times far from its clock.

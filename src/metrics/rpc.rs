@@ -33,7 +33,7 @@ static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// The methods the server hosts, by path; anything else is `other`.
-const METHODS: [(&str, &str, &str); 10] = [
+const METHODS: [(&str, &str, &str); 11] = [
     (
         "/retrybudget.v1.RetryBudget/NextAction",
         "retrybudget.v1.RetryBudget",
@@ -60,6 +60,11 @@ const METHODS: [(&str, &str, &str); 10] = [
         "ResolveActivity",
     ),
     (
+        "/retrybudget.v1.RetryBudget/ReportTraffic",
+        "retrybudget.v1.RetryBudget",
+        "ReportTraffic",
+    ),
+    (
         "/grpc.health.v1.Health/Check",
         "grpc.health.v1.Health",
         "Check",
@@ -80,6 +85,17 @@ const METHODS: [(&str, &str, &str); 10] = [
         "ServerReflectionInfo",
     ),
     ("", "other", "other"),
+];
+
+/// The refusals an alert reads (`RetryBudgetStoreBacklogged`,
+/// `RetryBudgetReplicaNotReady` in deploy/prometheus/retry-budget.rules.yaml):
+/// exported at 0 from the start for every method of the service, so that
+/// the first one is a rise.
+const ALERTED_REFUSALS: [&str; 4] = [
+    codes::STORE_BACKLOGGED,
+    codes::STORE_UNAVAILABLE,
+    codes::STORE_CLOSED,
+    codes::SHUTTING_DOWN,
 ];
 
 type CallLabels = [(&'static str, &'static str); 3];
@@ -111,11 +127,19 @@ fn latency() -> Histogram {
 
 impl RpcMetrics {
     pub(super) fn new() -> Self {
+        let refusals = Family::default();
+        for (_, service, method) in METHODS {
+            if service == "retrybudget.v1.RetryBudget" {
+                for code in ALERTED_REFUSALS {
+                    refusals.get_or_create_owned(&[("method", method), ("code", code)]);
+                }
+            }
+        }
         Self {
             inner: Arc::new(Inner {
                 calls: Family::default(),
                 seconds: Family::new_with_constructor(latency),
-                refusals: Family::default(),
+                refusals,
                 in_flight: Gauge::default(),
                 cells: METHODS.iter().map(|_| Default::default()).collect(),
             }),

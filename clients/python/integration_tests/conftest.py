@@ -57,8 +57,9 @@ def binary() -> str:
 class Server:
     """One real server process; `target` is its host:port once started."""
 
-    def __init__(self, extra_args=()):
-        self.extra_args = GLOBAL_BUDGET_ONLY + list(extra_args)
+    def __init__(self, extra_args=(), global_budget_only=True):
+        # global_budget_only=False: the server's own dependency defaults.
+        self.extra_args = (GLOBAL_BUDGET_ONLY if global_budget_only else []) + list(extra_args)
         self.workdir = tempfile.mkdtemp(prefix="retry-budget-integrations-")
         self.target = "127.0.0.1:0"
         self.proc = None

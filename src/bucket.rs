@@ -65,7 +65,7 @@ mod tenants;
 pub use capacity::Capacity;
 pub use config::{BucketConfig, BucketConfigError, BucketMode};
 pub use dependencies::{
-    DependencyCounters, DependencyReport, DependencyStats, MAX_TENANTS_PER_DEPENDENCY,
+    DependencyCounters, DependencyReport, DependencyStats, FleetGrant, MAX_TENANTS_PER_DEPENDENCY,
 };
 pub use fair::{Booking, FairShares, Grant};
 pub use gate::{DependencyGate, TenantGate};

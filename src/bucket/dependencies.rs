@@ -43,9 +43,9 @@ use self::entry::{Entry, Lane, Nanos};
 use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::FairShares;
-use super::health::{Limits, Second, TenantHealth};
+use super::health::{Fates, Limits, Second, TenantHealth};
 use super::line::{Place, Standing};
-use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig, OVERFLOW_DEPENDENCY, SuccessWindow};
+use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig, OVERFLOW_DEPENDENCY};
 use super::{DEPENDENCY_BUDGET_EXHAUSTED, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED};
 use crate::budget::token::{Admission, Answer, Ask, Observed, Pace, PaceRecord, TenantPaceRecord};
 
@@ -114,6 +114,20 @@ pub struct DependencyReport {
     pub seen: u64,
     /// Tokens each tenant asked for, and whether any was held back.
     pub demand: Vec<(String, u64, bool)>,
+    /// Each tenant's retries granted here in the evidence window, and the
+    /// retries whose failure was reported here: summed over the fleet, the
+    /// fates of every replica's grants.
+    pub fates: Vec<(String, Fates)>,
+}
+
+/// What the coordination gives one dependency each interval.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetGrant {
+    /// The fleet's allowance, retries a second.
+    pub allowed: f64,
+    /// Each tenant's retries granted and failed in the evidence window,
+    /// summed over the replicas.
+    pub fates: HashMap<String, Fates>,
 }
 
 /// Every dependency's budget.
@@ -177,7 +191,7 @@ impl Dependencies {
         // The line first: its places go before this request.
         let mut refusal = None;
         while e.tenants[t].line.has_waiting(n, horizon) {
-            match take_token(global, e, t, tenant, now, &limits) {
+            match take_token(global, e, t, tenant, now) {
                 Ok(()) => {
                     e.tenants[t].line.serve(n, horizon);
                 }
@@ -193,12 +207,12 @@ impl Dependencies {
             (Some(since_ms), Some(id)) => {
                 let place = Place { since_ms, id };
                 match e.tenants[t].line.ask(place, n, horizon, COUNT_UP_TO) {
-                    Standing::Served => return granted(e, t),
+                    Standing::Served => return granted(e, t, second, &limits),
                     Standing::Waiting { ahead: 0 } if refusal.is_none() => {
-                        match take_token(global, e, t, tenant, now, &limits) {
+                        match take_token(global, e, t, tenant, now) {
                             Ok(()) => {
                                 e.tenants[t].line.leave(place);
-                                return granted(e, t);
+                                return granted(e, t, second, &limits);
                             }
                             Err(reason) => {
                                 refusal = Some(reason);
@@ -212,8 +226,8 @@ impl Dependencies {
             }
             _ => {
                 if refusal.is_none() && !e.tenants[t].line.has_waiting(n, horizon) {
-                    match take_token(global, e, t, tenant, now, &limits) {
-                        Ok(()) => return granted(e, t),
+                    match take_token(global, e, t, tenant, now) {
+                        Ok(()) => return granted(e, t, second, &limits),
                         Err(reason) => refusal = Some(reason),
                     }
                 }
@@ -224,7 +238,7 @@ impl Dependencies {
                             id,
                         };
                         match e.tenants[t].line.ask(place, n, horizon, COUNT_UP_TO) {
-                            Standing::Served => return granted(e, t),
+                            Standing::Served => return granted(e, t, second, &limits),
                             Standing::Waiting { ahead } => (Some(place), ahead),
                             Standing::Full => (None, COUNT_UP_TO),
                         }
@@ -401,7 +415,7 @@ impl Dependencies {
             name: e.name.to_string(),
             pace: e.pace(t, config, now),
             local_rate: e.shares.rate(),
-            success_rate: t.map_or(0.0, |t| t.successes.clone().rate(now)),
+            success_rate: t.map_or(0.0, |t| t.success_rate(now)),
             counters: t.map_or_else(DependencyCounters::default, |t| t.counters),
         }
     }
@@ -419,12 +433,19 @@ impl Dependencies {
                 e.shares.take_demand(|tenant, asked, held_back| {
                     demand.push((tenant.to_owned(), asked, held_back > 0));
                 });
+                let fates = e
+                    .tenants
+                    .iter()
+                    .map(|t| (t.name.to_string(), t.health.own_fates(second)))
+                    .filter(|(_, f)| f.granted + f.failed > 0)
+                    .collect();
                 DependencyReport {
                     name: e.name.to_string(),
                     success_rate: success_rate(e, now),
                     allowance: e.local,
                     seen: e.tenants.iter().map(|t| t.health.seen(second)).sum(),
                     demand,
+                    fates,
                 }
             })
             .collect()
@@ -436,7 +457,7 @@ impl Dependencies {
     pub fn set_grant(
         &mut self,
         dependency: &str,
-        allowed: f64,
+        grant: FleetGrant,
         capacity: &Capacity,
         now: Duration,
     ) {
@@ -449,7 +470,10 @@ impl Dependencies {
         }
         let i = self.entry(dependency, "", now);
         let e = &mut self.entries[i];
-        e.fleet = Some(allowed);
+        e.fleet = Some(grant.allowed);
+        e.fleet_fates = Some(grant.fates);
+        // The fleet's fates step the rule from the next second on.
+        e.paced_at = None;
         e.shares.set_capacity(capacity, now);
     }
 
@@ -458,6 +482,7 @@ impl Dependencies {
     pub fn uncoordinate(&mut self) {
         for e in &mut self.entries {
             e.fleet = None;
+            e.fleet_fates = None;
             e.paced_at = None;
         }
     }
@@ -477,9 +502,11 @@ impl Dependencies {
         for e in &mut self.entries {
             e.paced_at = None;
             e.named = self.config.named.contains_key(&*e.name);
-            let window = self.config.pace_of(&e.name).window;
+            let pace = self.config.pace_of(&e.name);
+            let limits = pace.limits(self.global_rate);
             for t in &mut e.tenants {
-                t.successes.resize(window);
+                t.successes.resize(pace.window);
+                t.health.reconfigure(&limits);
             }
         }
         self.track_named(0);
@@ -510,7 +537,7 @@ impl Dependencies {
                             allowance: t.health.allowance(),
                             baseline: t.health.baseline(),
                             state: t.health.evidence(second, &limits).state,
-                            success_rate: t.successes.clone().rate(now),
+                            success_rate: t.success_rate(now),
                         })
                         .collect(),
                 }
@@ -551,11 +578,8 @@ impl Dependencies {
                     finite_or(t.baseline, 0.0).max(0.0),
                     t.state,
                 );
-                te.successes = SuccessWindow::seeded(
-                    config.window,
-                    now,
-                    finite_or(t.success_rate, 0.0).max(0.0),
-                );
+                let rate = finite_or(t.success_rate, 0.0).clamp(0.0, 1e9);
+                te.restored = (rate > 0.0).then_some((rate, second + config.window.as_secs()));
                 e.tenants.push(te);
             }
             e.local = finite_or(record.allowance, limits.initial).clamp(limits.floor, limits.cap);
@@ -734,7 +758,6 @@ fn take_token(
     t: usize,
     tenant: &str,
     now: Duration,
-    limits: &Limits,
 ) -> Result<(), Refusal> {
     let n = nanos(now);
     let lane = if let Some(grant) = e.shares.take(tenant, now) {
@@ -752,20 +775,22 @@ fn take_token(
         }
         return Err(Refusal::Global(global.refusal(tenant, now)));
     }
+    Ok(())
+}
+
+/// A retry granted now (a token taken, or its place's turn claimed): it
+/// runs from now on, so its fate is the evidence of the seconds to come.
+fn granted(e: &mut Entry, t: usize, second: u64, limits: &Limits) -> Answer {
+    e.counters.admitted += 1;
+    e.tenants[t].counters.admitted += 1;
     e.tenants[t].health.count(
-        now.as_secs(),
+        second,
         &Second {
             granted: 1,
             ..Second::default()
         },
         limits,
     );
-    Ok(())
-}
-
-fn granted(e: &mut Entry, t: usize) -> Answer {
-    e.counters.admitted += 1;
-    e.tenants[t].counters.admitted += 1;
     Answer {
         untracked: !e.tracked,
         ..Admission::Granted.into()

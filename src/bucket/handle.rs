@@ -24,7 +24,7 @@ use super::capacity::Capacity;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::config::{BucketConfig, BucketConfigError, BucketMode};
-use super::dependencies::{Dependencies, DependencyReport, DependencyStats};
+use super::dependencies::{Dependencies, DependencyReport, DependencyStats, FleetGrant};
 use super::fair::{Booking, FairShares};
 use super::pace::DependenciesConfig;
 use super::reports::ReportLimiter;
@@ -220,13 +220,13 @@ impl FairBucket {
         self.lock().dependencies.take_reports(now)
     }
 
-    /// Sets `dependency`'s fleet-wide allowance and this replica's part of
-    /// it.
-    pub fn set_dependency_grant(&self, dependency: &str, allowed: f64, capacity: &Capacity) {
+    /// Sets `dependency`'s fleet-wide allowance and fates, and this
+    /// replica's part of the allowance.
+    pub fn set_dependency_grant(&self, dependency: &str, grant: FleetGrant, capacity: &Capacity) {
         let now = self.now();
         self.lock()
             .dependencies
-            .set_grant(dependency, allowed, capacity, now);
+            .set_grant(dependency, grant, capacity, now);
     }
 
     /// Every dependency paced by its local window again.

@@ -20,10 +20,11 @@
 //! - **Trouble** cuts the allowance by half, never below the floor:
 //!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
-//!     average over about [`BASELINE_SECONDS`]); it is seen at once,
-//!     before any retry's fate;
+//!     average over about [`BASELINE_SECONDS`]) and than twice the starting
+//!     allowance; it is seen at once, before any retry's fate;
 //!   - or *failing retries*: at least [`MIN_FATES`] granted retries failed
-//!     in the window, and at least half of those granted.
+//!     in the window, at least half of those granted, and some within the
+//!     last [`RECENT_SECONDS`].
 //! - **Health** grows it: while granted retries do not fail (or none were
 //!   granted: no evidence), by [`GROWTH`] a second, up to the cap (the
 //!   global rate, or the dependency's ceiling) while the allowance bound,
@@ -64,6 +65,9 @@ pub const SURGE_FACTOR: f64 = 2.0;
 pub const BASELINE_SECONDS: f64 = 30.0;
 /// Fewest failed retries in the window that can say a dependency fails.
 pub const MIN_FATES: u32 = 3;
+/// Seconds in which a failed retry still counts as lately: the trouble
+/// lasts while retries fail within them.
+pub const RECENT_SECONDS: u64 = 3;
 /// The allowance's growth a second while retries do not fail.
 pub const GROWTH: f64 = 1.25;
 /// The allowance's decay a second, towards the starting allowance, while
@@ -173,11 +177,26 @@ pub struct TenantHealth {
     surged: bool,
     /// Whether any evidence was ever counted.
     seen_any: bool,
+    /// The fleet's retries granted and failed in the window, when replicas
+    /// share a ledger (the coordination's sums): a retry granted here may
+    /// fail on another replica, so the fates are read fleet-wide.
+    fates: Option<Fates>,
+}
+
+/// Retries granted and failed in the evidence window, and failed in its
+/// last [`RECENT_SECONDS`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fates {
+    /// Granted in the window.
+    pub granted: u32,
+    /// Failed in the window.
+    pub failed: u32,
+    /// Failed in the last few seconds.
+    pub failed_recently: u32,
 }
 
 impl TenantHealth {
-    /// A tenant first seen at `now` (seconds), starting at `allowance` (the
-    /// dependency's, so a newcomer inherits what the others learnt).
+    /// A tenant first seen at `now` (seconds), starting at `allowance`.
     pub fn new(now: u64, allowance: f64) -> Self {
         Self {
             slots: [Second::default(); WINDOW_SECONDS + 1],
@@ -187,6 +206,7 @@ impl TenantHealth {
             cut_at: None,
             surged: false,
             seen_any: false,
+            fates: None,
         }
     }
 
@@ -199,6 +219,24 @@ impl TenantHealth {
             seen_any: state != HealthState::NoEvidence,
             ..Self::new(now, allowance)
         }
+    }
+
+    /// New limits (a reload): a tenant with no evidence yet starts again at
+    /// the new starting allowance; any other keeps its allowance within
+    /// the new floor and cap.
+    pub fn reconfigure(&mut self, limits: &Limits) {
+        self.allowance = if self.seen_any {
+            limits.clamp(self.allowance)
+        } else {
+            limits.initial
+        };
+    }
+
+    /// The fleet's retries granted and failed in the window (the
+    /// coordination's), read instead of this replica's from now on; `None`
+    /// goes back to this replica's own.
+    pub fn set_fates(&mut self, fates: Option<Fates>) {
+        self.fates = fates;
     }
 
     /// The allowance this tenant's evidence argues for.
@@ -248,11 +286,24 @@ impl TenantHealth {
     fn step(&mut self, second: u64, limits: &Limits) {
         let just = self.slots[slot(second)];
         let window = self.window_before(second + 1);
-        let surge =
-            just.failures >= SURGE_MIN && f64::from(just.failures) > SURGE_FACTOR * self.baseline;
-        let failing = window.retries_failed >= MIN_FATES
-            && 2 * u64::from(window.retries_failed) >= u64::from(window.granted);
-        let retries_ok = window.granted == 0 || 2 * window.retries_failed < window.granted;
+        // Measured against the recent rate, and never against less than
+        // the starting allowance: a dependency first seen failing a few
+        // dozen times a second is not in a surge; its retries' fates
+        // decide.
+        let surge = just.failures >= SURGE_MIN
+            && f64::from(just.failures) > SURGE_FACTOR * self.baseline.max(limits.initial);
+        let recent = self.recent_before(second + 1);
+        let fates = self.fates.unwrap_or(Fates {
+            granted: window.granted,
+            failed: window.retries_failed,
+            failed_recently: recent.retries_failed,
+        });
+        // Failing: most retries granted in the window failed, and some did
+        // lately; the trouble is over as soon as they stop failing, not
+        // only once the window has forgotten them.
+        let most_failed = 2 * u64::from(fates.failed) >= u64::from(fates.granted);
+        let failing = fates.failed >= MIN_FATES && most_failed && fates.failed_recently > 0;
+        let retries_ok = fates.granted == 0 || !most_failed || fates.failed_recently == 0;
         if surge || failing {
             self.allowance = limits.clamp(self.allowance * CUT);
             self.cut_at = Some(second);
@@ -289,8 +340,8 @@ impl TenantHealth {
             state,
             failures: just.failures,
             baseline: self.baseline,
-            granted: window.granted,
-            retries_failed: window.retries_failed,
+            granted: self.fates.map_or(window.granted, |f| f.granted),
+            retries_failed: self.fates.map_or(window.retries_failed, |f| f.failed),
             surged: self.surged,
         }
     }
@@ -316,6 +367,27 @@ impl TenantHealth {
     /// The window's sums before `now`, for a dependency's totals.
     pub fn window(&self, now: u64) -> Second {
         self.window_before(now)
+    }
+
+    /// This replica's own fates before `now`, for the fleet's sums.
+    pub fn own_fates(&self, now: u64) -> Fates {
+        let window = self.window_before(now);
+        Fates {
+            granted: window.granted,
+            failed: window.retries_failed,
+            failed_recently: self.recent_before(now).retries_failed,
+        }
+    }
+
+    /// Sums of the last [`RECENT_SECONDS`] whole seconds before `second`.
+    fn recent_before(&self, second: u64) -> Second {
+        let mut sum = Second::default();
+        for s in second.saturating_sub(RECENT_SECONDS)..second {
+            if s <= self.newest && self.newest - s <= WINDOW_SECONDS as u64 {
+                sum.add(&self.slots[slot(s)]);
+            }
+        }
+        sum
     }
 
     /// The last whole second's counts (stepped up to `now`).

@@ -16,8 +16,8 @@
 //!
 //! # Places whose workers do not come back
 //! A place is *live* while its worker asked within the last
-//! [`Line::liveness`] (a few deferral horizons: a live worker asks at least
-//! once a horizon). Places that are no longer live are skipped, not served,
+//! [`Line::liveness`] (a deferral horizon and a few seconds: a live worker
+//! asks at least once a horizon). Places that are no longer live are skipped, not served,
 //! so an activity abandoned meanwhile costs no token; a served place whose
 //! worker does not come back within the same time is forgotten, its token
 //! spent (erring towards fewer retries).
@@ -35,6 +35,10 @@ use foldhash::fast::RandomState;
 
 /// Times in nanoseconds of the bucket's clock.
 type Nanos = i64;
+
+/// How late a worker may come back after the time it was given and keep
+/// its place: its scheduler's delay and a round trip.
+const LATENESS: Nanos = 5_000_000_000;
 
 /// Most places a line holds: past it, a deferral takes no place (and is
 /// told so).
@@ -77,9 +81,10 @@ pub enum Standing {
 
 impl Line {
     /// How long a place stays live after its worker last asked, or a served
-    /// place waits for its worker: three deferral horizons.
+    /// place waits for its worker: a deferral horizon (a worker is never
+    /// told to come back later than that) and a few seconds of lateness.
     pub fn liveness(horizon: Nanos) -> Nanos {
-        horizon.saturating_mul(3)
+        horizon.saturating_add(LATENESS)
     }
 
     /// Whether the line has a live place waiting, forgetting the ones at
@@ -220,11 +225,11 @@ mod tests {
     fn places_whose_workers_went_away_are_skipped_not_served() {
         let mut line = Line::default();
         line.ask(place(1, 1), 0, HORIZON, 10);
-        line.ask(place(2, 2), 25 * S, HORIZON, 10);
-        // Place 1 last asked at 0: no longer live at 31 s.
-        assert_eq!(line.serve(31 * S, HORIZON), Some(place(2, 2)));
-        assert_eq!(line.serve(31 * S, HORIZON), None);
-        assert!(!line.has_waiting(31 * S, HORIZON));
+        line.ask(place(2, 2), 10 * S, HORIZON, 10);
+        // Place 1 last asked at 0: no longer live at 16 s.
+        assert_eq!(line.serve(16 * S, HORIZON), Some(place(2, 2)));
+        assert_eq!(line.serve(16 * S, HORIZON), None);
+        assert!(!line.has_waiting(16 * S, HORIZON));
     }
 
     #[test]

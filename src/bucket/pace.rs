@@ -343,31 +343,6 @@ impl SuccessWindow {
         self.slots = slots;
     }
 
-    /// A window that reads `rate` successes a second at `now`, as if they
-    /// had been counted over its whole seconds: a tenant's reported rate,
-    /// restored after a restart, fades as the window moves on.
-    pub fn seeded(window: Duration, now: Duration, rate: f64) -> Self {
-        let mut w = Self::new(window);
-        if rate <= 0.0 {
-            return w;
-        }
-        let rate = rate.min(1e12);
-        let second = now.as_secs();
-        let whole = w.slots.len() as u64 - 1;
-        if second == 0 {
-            // Its first second reads what it counted so far.
-            w.add(now, rate.round() as u64);
-            return w;
-        }
-        let first = second.saturating_sub(whole);
-        for (k, s) in (first..second).enumerate() {
-            let n = ((k + 1) as f64 * rate).floor() - (k as f64 * rate).floor();
-            w.add(Duration::from_secs(s), n as u64);
-        }
-        w.first = Some(first);
-        w
-    }
-
     /// Counts `n` successes at `now`.
     pub fn add(&mut self, now: Duration, n: u64) {
         let second = self.advance(now);

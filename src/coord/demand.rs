@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use prost::Message;
 
+use crate::bucket::health::Fates;
+
 /// Most tenants a row names; the rest are summed.
 pub const MAX_PUBLISHED_TENANTS: usize = 256;
 /// Most tenants a row names for each dependency: with up to
@@ -60,6 +62,9 @@ pub struct DependencyDemand {
     /// Requests seen here in the evidence window: this replica's weight in
     /// the fleet's allowance.
     pub seen: u64,
+    /// Each tenant's retries granted here in the window, and retries whose
+    /// failure was reported here (the busiest by name).
+    pub fates: Vec<(String, Fates)>,
 }
 
 impl Demand {
@@ -126,6 +131,16 @@ impl Demand {
                     granted_rate: d.granted_rate,
                     allowance: d.allowance,
                     seen: d.seen,
+                    fates: d
+                        .fates
+                        .iter()
+                        .map(|(tenant, f)| FatesRecord {
+                            tenant: tenant.clone(),
+                            granted: f.granted,
+                            failed: f.failed,
+                            failed_recently: f.failed_recently,
+                        })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -153,6 +168,18 @@ impl Demand {
                         granted_rate: d.granted_rate,
                         allowance: d.allowance,
                         seen: d.seen,
+                        fates: d
+                            .fates
+                            .into_iter()
+                            .map(|f| {
+                                let fates = Fates {
+                                    granted: f.granted,
+                                    failed: f.failed,
+                                    failed_recently: f.failed_recently,
+                                };
+                                (f.tenant, fates)
+                            })
+                            .collect(),
                     },
                 )
             })
@@ -204,6 +231,22 @@ struct DependencyRecord {
     allowance: f64,
     #[prost(uint64, tag = "6")]
     seen: u64,
+    #[prost(message, repeated, tag = "7")]
+    fates: Vec<FatesRecord>,
+}
+
+/// `retrybudget.coord.v1.TenantFates`: a tenant's retries granted and
+/// failed in a replica's evidence window.
+#[derive(Clone, PartialEq, Message)]
+struct FatesRecord {
+    #[prost(string, tag = "1")]
+    tenant: String,
+    #[prost(uint32, tag = "2")]
+    granted: u32,
+    #[prost(uint32, tag = "3")]
+    failed: u32,
+    #[prost(uint32, tag = "4")]
+    failed_recently: u32,
 }
 
 /// `retrybudget.coord.v1.TenantDemand`.
@@ -252,6 +295,14 @@ mod tests {
                 granted_rate: 1.5,
                 allowance: 12.0,
                 seen: 40,
+                fates: vec![(
+                    "a".into(),
+                    Fates {
+                        granted: 10,
+                        failed: 7,
+                        failed_recently: 2,
+                    },
+                )],
             }],
             ..Demand::from_counts(vec![("a".into(), 4, true)], Duration::from_secs(1), 8)
         };

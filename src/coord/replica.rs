@@ -14,6 +14,7 @@ use super::demand::{
 };
 use super::lease::{self, LeaseWrite};
 use super::{CoordinationConfig, CoordinationState, CoordinationStatus};
+use crate::bucket::FleetGrant;
 use crate::bucket::{BucketConfig, Capacity, FairBucket};
 
 /// Transactions tried per interval when they fail with SQLSTATE 40001.
@@ -164,6 +165,13 @@ impl Replica {
                 success_rate: report.success_rate,
                 allowance: report.allowance,
                 seen: report.seen,
+                fates: {
+                    let mut fates = report.fates;
+                    let size = |f: &crate::bucket::health::Fates| f.granted + f.failed;
+                    fates.sort_unstable_by(|a, b| size(&b.1).cmp(&size(&a.1)).then(a.0.cmp(&b.0)));
+                    fates.truncate(MAX_PUBLISHED_DEPENDENCY_TENANTS);
+                    fates
+                },
                 name: report.name,
             })
             .collect();
@@ -286,13 +294,13 @@ impl Replica {
                 .copied()
                 .unwrap_or((grant.rate, grant.burst));
             let lowered = (grant.rate.min(applied.0), grant.burst.min(applied.1));
-            self.apply_dependency(name, *pace, grant, lowered);
+            self.apply_dependency(name, pace, grant, lowered);
         }
         tx.commit().await?;
         // Raise after it: the row says at least as much from now on.
         self.apply(&grant, (grant.rate, grant.burst));
         for (name, pace, grant) in &dependencies {
-            self.apply_dependency(name, *pace, grant, (grant.rate, grant.burst));
+            self.apply_dependency(name, pace, grant, (grant.rate, grant.burst));
         }
         Ok(Committed {
             epoch,
@@ -307,7 +315,10 @@ impl Replica {
     /// the global rate is ([`allocate`], with the dependency's allowance
     /// for the global one). A dependency new here thus finds its fleet's
     /// pace at its first retry.
-    fn allocate_dependencies(&self, views: &[ReplicaView]) -> Vec<(String, f64, ReplicaGrant)> {
+    fn allocate_dependencies(
+        &self,
+        views: &[ReplicaView],
+    ) -> Vec<(String, FleetGrant, ReplicaGrant)> {
         let config = self.bucket.dependencies_config();
         let names: std::collections::BTreeSet<&str> = views
             .iter()
@@ -349,9 +360,19 @@ impl Replica {
                         },
                     })
                     .collect();
+                let mut fates: std::collections::HashMap<String, crate::bucket::health::Fates> =
+                    std::collections::HashMap::new();
+                for d in views.iter().filter_map(|v| v.demand.dependency(name)) {
+                    for (tenant, f) in &d.fates {
+                        let sum = fates.entry(tenant.clone()).or_default();
+                        sum.granted = sum.granted.saturating_add(f.granted);
+                        sum.failed = sum.failed.saturating_add(f.failed);
+                        sum.failed_recently = sum.failed_recently.saturating_add(f.failed_recently);
+                    }
+                }
                 (
                     name.to_owned(),
-                    allowed,
+                    FleetGrant { allowed, fates },
                     allocate(&budget, &dependency_views, 0),
                 )
             })
@@ -363,13 +384,13 @@ impl Replica {
     fn apply_dependency(
         &mut self,
         name: &str,
-        allowed: f64,
+        fleet: &FleetGrant,
         grant: &ReplicaGrant,
         (rate, burst): (f64, u32),
     ) {
         self.bucket.set_dependency_grant(
             name,
-            allowed,
+            fleet.clone(),
             &Capacity {
                 rate,
                 burst,

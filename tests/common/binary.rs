@@ -13,15 +13,21 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+/// Among a test's flags, asks for the dependencies' budgets at their
+/// defaults (no flag is passed for it): the server a user runs with no
+/// flags.
+pub const AT_DEFAULTS: &str = "(dependency budgets at their defaults)";
+
 /// `retry-budget serve --listen 127.0.0.1:0 --drain-delay 0s` with `extra`
 /// flags (which may set either of those two), and nothing taken from the
 /// environment that a test did not ask for (a configuration file, an auth
 /// mode, keys, certificates).
 ///
-/// Unless `extra` sets a `--dependency-*` flag, every dependency gets a
-/// static rate far above any global one (`--dependency-rate 1000000`), so
-/// that the global bucket alone limits retries: the tests of the
-/// dependencies' adaptive budgets (`tests/dependencies.rs`) set their own.
+/// Unless `extra` sets a `--dependency-*` flag or holds [`AT_DEFAULTS`],
+/// every dependency gets a static rate far above any global one
+/// (`--dependency-rate 1000000`), so that the global bucket alone limits
+/// retries: the tests of the dependencies' adaptive budgets
+/// (`tests/dependencies.rs`, `tests/hostile.rs`) run at the defaults.
 pub fn command(extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_retry-budget"));
     command.arg("serve");
@@ -30,11 +36,12 @@ pub fn command(extra: &[&str]) -> Command {
             command.args([flag, default]);
         }
     }
-    if !extra.iter().any(|a| a.starts_with("--dependency-")) {
+    let at_defaults = extra.contains(&AT_DEFAULTS);
+    if !at_defaults && !extra.iter().any(|a| a.starts_with("--dependency-")) {
         command.args(["--dependency-rate", "1000000"]);
     }
     command
-        .args(extra)
+        .args(extra.iter().filter(|a| **a != AT_DEFAULTS))
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .kill_on_drop(true);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::super::capacity::Capacity;
 use super::super::config::BucketConfig;
 use super::super::fair::{FairShares, Grant};
-use super::super::health::{self, Limits, Second, TenantHealth};
+use super::super::health::{self, Fates, Limits, Second, TenantHealth};
 use super::super::line::Line;
 use super::super::pace::{PaceConfig, SuccessWindow};
 use super::super::tenants::OVERFLOW_TENANT;
@@ -99,6 +99,10 @@ pub(super) struct TenantEntry {
     pub last_used: u64,
     /// What it reported and was granted, for its own listing.
     pub counters: DependencyCounters,
+    /// A reported success rate restored after a restart, held until the
+    /// second given: the window has not counted it, and its own lane must
+    /// not start empty for that.
+    pub restored: Option<(f64, u64)>,
 }
 
 impl TenantEntry {
@@ -111,6 +115,17 @@ impl TenantEntry {
             earned: Earned::default(),
             last_used: second,
             counters: DependencyCounters::default(),
+            restored: None,
+        }
+    }
+
+    /// Its reported successes a second: the window's, or the rate restored
+    /// after a restart while it holds.
+    pub fn success_rate(&self, now: Duration) -> f64 {
+        let counted = self.successes.clone().rate(now);
+        match self.restored {
+            Some((rate, until)) if now.as_secs() < until => counted.max(rate),
+            _ => counted,
         }
     }
 
@@ -143,6 +158,10 @@ pub(super) struct Entry {
     pub local: f64,
     /// The fleet's allowance, when the coordination sets it.
     pub fleet: Option<f64>,
+    /// The fleet's retries granted and failed in the window, by tenant,
+    /// when the coordination sets them (a retry granted here may fail on
+    /// another replica).
+    pub fleet_fates: Option<std::collections::HashMap<String, Fates>>,
     /// The evidence, summed over the tenants.
     pub evidence: Evidence,
     /// The second the pace was last brought up to date.
@@ -186,6 +205,7 @@ impl Entry {
             tenants: Vec::new(),
             local: allowance,
             fleet: None,
+            fleet_fates: None,
             evidence: Evidence {
                 state: if config.rate.is_some() {
                     HealthState::Static
@@ -218,7 +238,11 @@ impl Entry {
             self.tenants[i].last_used = second;
             return i;
         }
-        let allowance = self.allowed();
+        // A newcomer argues from its own evidence, from the starting
+        // allowance: its weight in the blend is what it is seen doing, so
+        // it moves the dependency's allowance only as far as that, and no
+        // other tenant's evidence (invented or not) seeds its own.
+        let allowance = limits.initial;
         let fresh = TenantEntry::new(Arc::from(tenant), second, allowance, config.window);
         if self.tenants.len() < MAX_TENANTS_PER_DEPENDENCY {
             self.tenants.push(fresh);
@@ -271,15 +295,20 @@ impl Entry {
         let mut baseline = 0.0;
         let (mut trouble, mut surged, mut seen_any) = (false, false, false);
         for t in &mut self.tenants {
+            if let Some(fates) = &self.fleet_fates {
+                t.health
+                    .set_fates(Some(fates.get(&*t.name).copied().unwrap_or_default()));
+            } else {
+                t.health.set_fates(None);
+            }
             t.health.advance(second, &limits);
-            let rate = config.earned(t.successes.rate(now));
+            let rate = config.earned(t.success_rate(now));
             if rate != t.earned.rate() {
                 t.earned.set_rate(rate, config.burst_seconds, n);
             }
             let e = t.health.evidence(second, &limits);
-            let w = t.health.window(second);
-            totals.granted += w.granted;
-            totals.retries_failed += w.retries_failed;
+            totals.granted = totals.granted.saturating_add(e.granted);
+            totals.retries_failed = totals.retries_failed.saturating_add(e.retries_failed);
             failures += e.failures;
             baseline += e.baseline;
             trouble |= e.state == HealthState::Trouble;
@@ -333,7 +362,7 @@ impl Entry {
         if let Some(t) = t {
             pace.earned = t.earned.rate();
             pace.ratio = config.ratio;
-            pace.successes = t.successes.clone().rate(now);
+            pace.successes = t.success_rate(now);
         }
         pace
     }

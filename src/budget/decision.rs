@@ -522,3 +522,123 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod pure_tests {
+    //! The pure form against its budget's deadline: it never grants a retry
+    //! that would start past it, never stops one the deadline still allows,
+    //! and defers to the time the budget gives, never past the deadline.
+
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::budget::hint::RawHints;
+    use crate::budget::token::{Ask, Observed};
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    /// A budget answering with a token, or a wait.
+    struct Answering(Option<u64>);
+
+    impl TokenGate for Answering {
+        fn take(&mut self, _ask: &Ask<'_>) -> Answer {
+            match self.0 {
+                None => Admission::Granted,
+                Some(ms) => Admission::Deferred {
+                    wait: Duration::from_millis(ms),
+                    reason: codes::DEPENDENCY_BUDGET_EXHAUSTED,
+                    waiting_since_ms: None,
+                },
+            }
+            .into()
+        }
+
+        fn observe(&mut self, _observed: Observed) {}
+    }
+
+    fn report<'a>(budget: Budget, id: &'a str, retry_after: &'a str) -> PureReport<'a> {
+        PureReport {
+            budget,
+            failure: Failure {
+                class: ErrorClass::Transient,
+                rule: None,
+                hints: (!retry_after.is_empty()).then_some(RawHints {
+                    retry_after,
+                    date: "",
+                    grpc_retry_pushback_ms: None,
+                    retry_info_delay: None,
+                }),
+                occurred_at_ms: Some(NOW),
+            },
+            activity_id: id,
+            params: DelayParams::default(),
+            dependency: "",
+        }
+    }
+
+    #[test]
+    fn the_pure_form_stops_a_retry_its_deadline_cannot_hold() {
+        let late = Budget {
+            attempts: 1,
+            max_attempts: 5,
+            elapsed: 59,
+            deadline: 60,
+        };
+        let e = decide_pure(&report(late, "a", ""), Some(Answering(None)), 600_000, NOW).unwrap();
+        assert_eq!(e.action, Some(Action::DeadlineExceeded), "{e:?}");
+        assert!(!e.payment.is_token(), "no token taken for it");
+        let early = Budget {
+            elapsed: 10,
+            ..late
+        };
+        let e = decide_pure(&report(early, "a", "120"), Some(Answering(None)), 600_000, NOW).unwrap();
+        assert_eq!(e.action, Some(Action::DeadlineExceeded), "as the server asked: {e:?}");
+        assert!(e.reason.contains("as the server asked"), "{}", e.reason);
+        let e = decide_pure(&report(early, "", "120"), Some(Answering(None)), 600_000, NOW).unwrap();
+        assert_eq!(e.action, Some(Action::DeadlineExceeded), "without an activity: {e:?}");
+    }
+
+    proptest! {
+        #[test]
+        fn the_pure_form_keeps_its_deadline(
+            attempts in 1u32..6,
+            elapsed in 0u64..120,
+            deadline in 1u64..120,
+            named in any::<bool>(),
+            retry_after in prop_oneof![Just(0u64), 0u64..200],
+            wait_ms in prop_oneof![Just(None), (0u64..200_000).prop_map(Some)],
+        ) {
+            let budget = Budget { attempts, max_attempts: 6, elapsed, deadline };
+            let hint = if retry_after == 0 { String::new() } else { retry_after.to_string() };
+            let id = if named { "act-1" } else { "" };
+            let e = decide_pure(&report(budget, id, &hint), Some(Answering(wait_ms)), 600_000, NOW)
+                .unwrap();
+            let deadline_at = NOW - (elapsed * 1000) as i64 + (deadline * 1000) as i64;
+            let planned = if named {
+                plan_delay(id, attempts, DelayParams::default(), None).unwrap().millis.max(retry_after * 1000)
+            } else {
+                retry_after * 1000
+            };
+            let start = NOW + planned as i64;
+            match e.action.unwrap() {
+                Action::ScheduleRetry => {
+                    prop_assert!(start <= deadline_at, "granted past the deadline: {e:?}");
+                    prop_assert!(e.payment.is_token());
+                }
+                Action::Deferred => {
+                    let at = e.not_before_ms.unwrap();
+                    prop_assert!(at <= deadline_at, "deferred past the deadline: {e:?}");
+                    prop_assert!(at <= NOW + wait_ms.unwrap() as i64 + 1 || at == NOW + planned as i64,
+                        "no later than the budget's turn or the planned start: {e:?}");
+                }
+                Action::DeadlineExceeded => {
+                    prop_assert!(elapsed >= deadline || start > deadline_at,
+                        "stopped while the deadline allowed the attempt: {e:?}");
+                }
+                other => prop_assert!(attempts >= 6 && other == Action::AttemptsExhausted, "{e:?}"),
+            }
+        }
+    }
+}

@@ -302,7 +302,9 @@ impl Entry {
                 t.health.set_fates(None);
             }
             t.health.advance(second, &limits);
-            let rate = config.earned(t.success_rate(now));
+            // Never more than the global rate: the rate a tenant is told it
+            // earned is one the buckets can pay.
+            let rate = config.earned(t.success_rate(now)).min(limits.cap);
             if rate != t.earned.rate() {
                 t.earned.set_rate(rate, config.burst_seconds, n);
             }

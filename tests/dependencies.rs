@@ -354,7 +354,9 @@ async fn pace_then_restart(flags: &[&str], dir: &tempfile::TempDir, healthy: boo
     }
     let pace = pace_of(&mut c, "ledger").await;
     if healthy {
-        assert!(pace.allowed_rate + pace.earned_rate >= 200.0, "{pace:?}");
+        // 10% of 2,000 successes a second is 200, capped at what the
+        // global bucket can pay (its default rate, 100 a second).
+        assert!(pace.allowed_rate + pace.earned_rate >= 100.0, "{pace:?}");
     } else {
         assert!(
             pace.allowed_rate <= 2.0 && pace.state == "trouble",

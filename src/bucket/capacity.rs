@@ -32,6 +32,11 @@ pub struct Capacity {
     pub default_weight: u32,
     /// Weights of named tenants.
     pub weights: BTreeMap<String, u32>,
+    /// How many times its rate here a tenant gets over the whole fleet,
+    /// for tenants a balancer spreads over several replicas (1 for the
+    /// others): a worker deferred here may come back to any replica, so
+    /// its line drains at the fleet's rate, and its wait is told by it.
+    pub spread: BTreeMap<String, f64>,
     /// When a closed bucket tells a request to ask again: about when it may
     /// have capacity (for a replica waiting for its grant, one coordination
     /// interval).
@@ -46,6 +51,7 @@ impl Capacity {
             burst: config.burst,
             default_weight: config.default_weight,
             weights: config.weights.clone(),
+            spread: BTreeMap::new(),
             closed_retry_after: Duration::from_secs(1),
         }
     }
@@ -59,6 +65,7 @@ impl Capacity {
             burst: 0,
             default_weight: 1,
             weights: BTreeMap::new(),
+            spread: BTreeMap::new(),
             closed_retry_after: retry_after,
         }
     }
@@ -67,6 +74,17 @@ impl Capacity {
     pub fn is_closed(&self) -> bool {
         // NaN is closed too.
         self.rate.is_nan() || self.rate < MIN_RATE
+    }
+
+    /// How many times its rate here `tenant` gets over the fleet (at
+    /// least 1).
+    pub fn spread_of(&self, tenant: &str) -> f64 {
+        self.spread
+            .get(tenant)
+            .copied()
+            .filter(|s| s.is_finite())
+            .unwrap_or(1.0)
+            .max(1.0)
     }
 
     /// The weight of `tenant`: its own, or the default; never 0.

@@ -39,7 +39,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::entry::{Entry, Lane, Nanos};
+use self::entry::{Entry, Lane, Nanos, Taken};
 use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::FairShares;
@@ -50,6 +50,10 @@ use super::{DEPENDENCY_BUDGET_EXHAUSTED, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAU
 use crate::budget::token::{Admission, Answer, Ask, Observed, Pace, PaceRecord, TenantPaceRecord};
 
 pub use self::entry::MAX_TENANTS_PER_DEPENDENCY;
+
+/// A turn estimated longer than this many seconds is told half (at
+/// least this much): see [`Dependencies::admit`].
+const HALVED_FROM: f64 = 2.0;
 
 /// Seconds an entry must have been idle before it is evicted for a new
 /// dependency name.
@@ -188,12 +192,32 @@ impl Dependencies {
         let limits = config.limits(self.global_rate);
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
-        // The line first: its places go before this request.
+        let mut unclaimed = Vec::new();
+        e.tenants[t].line.expire(n, |token| unclaimed.push(token));
+        for token in unclaimed {
+            give_back(global, e, t, token, now);
+        }
+        let id = ask.activity_id.map(place_id);
+        // A worker with a place is here: its place is due now.
+        let mut mine = None;
+        let mut full = false;
+        if let (Some(since_ms), Some(id)) = (ask.waiting_since_ms, id) {
+            let place = Place { since_ms, id };
+            match e.tenants[t].line.ask(place, n, COUNT_UP_TO) {
+                Standing::Served => return granted(e, t, second, &limits),
+                Standing::Waiting { .. } => mine = Some(place),
+                Standing::Full => full = true,
+            }
+        }
+        // The tokens to the places due, oldest first (this one among them).
         let mut refusal = None;
-        while e.tenants[t].line.has_waiting(n, horizon) {
+        while e.tenants[t].line.has_waiting(n) {
             match take_token(global, e, t, tenant, now) {
-                Ok(()) => {
-                    e.tenants[t].line.serve(n, horizon);
+                Ok(token) => {
+                    if let Err(token) = e.tenants[t].line.serve(n, token) {
+                        give_back(global, e, t, token, now);
+                        break;
+                    }
                 }
                 Err(reason) => {
                     refusal = Some(reason);
@@ -201,33 +225,19 @@ impl Dependencies {
                 }
             }
         }
-        e.tenants[t].line.expire(n, horizon);
-        let id = ask.activity_id.map(place_id);
-        let (place, ahead) = match (ask.waiting_since_ms, id) {
-            (Some(since_ms), Some(id)) => {
-                let place = Place { since_ms, id };
-                match e.tenants[t].line.ask(place, n, horizon, COUNT_UP_TO) {
-                    Standing::Served => return granted(e, t, second, &limits),
-                    Standing::Waiting { ahead: 0 } if refusal.is_none() => {
-                        match take_token(global, e, t, tenant, now) {
-                            Ok(()) => {
-                                e.tenants[t].line.leave(place);
-                                return granted(e, t, second, &limits);
-                            }
-                            Err(reason) => {
-                                refusal = Some(reason);
-                                (Some(place), 0)
-                            }
-                        }
-                    }
-                    Standing::Waiting { ahead } => (Some(place), ahead),
-                    Standing::Full => (None, COUNT_UP_TO),
+        let (place, ahead) = match (mine, id) {
+            (Some(place), _) => {
+                if e.tenants[t].line.claim(place) {
+                    return granted(e, t, second, &limits);
                 }
+                (Some(place), e.tenants[t].line.ahead(place, n, COUNT_UP_TO))
             }
-            _ => {
-                if refusal.is_none() && !e.tenants[t].line.has_waiting(n, horizon) {
+            _ if full => (None, COUNT_UP_TO),
+            (None, id) => {
+                // A fresh failure waits behind any live place.
+                if refusal.is_none() && !e.tenants[t].line.has_waiting(n) {
                     match take_token(global, e, t, tenant, now) {
-                        Ok(()) => return granted(e, t, second, &limits),
+                        Ok(_) => return granted(e, t, second, &limits),
                         Err(reason) => refusal = Some(reason),
                     }
                 }
@@ -237,20 +247,35 @@ impl Dependencies {
                             since_ms: ask.now_ms,
                             id,
                         };
-                        match e.tenants[t].line.ask(place, n, horizon, COUNT_UP_TO) {
+                        match e.tenants[t].line.ask(place, n, COUNT_UP_TO) {
                             Standing::Served => return granted(e, t, second, &limits),
                             Standing::Waiting { ahead } => (Some(place), ahead),
-                            Standing::Full => (None, COUNT_UP_TO),
+                            Standing::Full => {
+                                full = true;
+                                (None, COUNT_UP_TO)
+                            }
                         }
                     }
-                    None => (None, e.tenants[t].line.waiting(n, horizon, COUNT_UP_TO)),
+                    None => (None, e.tenants[t].line.waiting(n, COUNT_UP_TO)),
                 }
             }
         };
         // Waiting behind a line without having asked for a token itself:
-        // the line is there because the dependency's lanes ran dry.
-        let refusal = refusal.unwrap_or(Refusal::Dependency { share: false });
-        let full = place.is_none() && id.is_some();
+        // the line is there for the reason its last refusal gave, and this
+        // retry is demand held back by it as much as one refused.
+        let refusal = match refusal {
+            Some(refusal) => refusal,
+            None => {
+                let refusal = e.tenants[t]
+                    .waiting_for
+                    .unwrap_or(Refusal::Dependency { share: false });
+                match refusal {
+                    Refusal::Global(_) => global.hold_back(tenant),
+                    Refusal::Dependency { .. } => e.shares.hold_back(tenant),
+                }
+                refusal
+            }
+        };
         let reason = if full {
             TENANT_BACKLOG_FULL
         } else {
@@ -269,8 +294,26 @@ impl Dependencies {
         } else {
             f64::INFINITY
         };
+        // Told half of a long turn, it asks again halfway: the rate it was
+        // estimated at can grow meanwhile (a replica given more of the
+        // global rate, a dependency recovering), and a worker told too late
+        // leaves its tokens idle. Halving costs a few asks, no writes.
+        let turn = if turn > HALVED_FROM {
+            (turn / 2.0).max(HALVED_FROM)
+        } else {
+            turn
+        };
         let jittered = horizon as f64 * (0.5 + 0.5 * unit(id.unwrap_or(n as u64), second));
         let wait = Duration::from_nanos((turn * 1e9).min(jittered).max(1e6) as u64);
+        if let Some(place) = place {
+            // Due back at its wait's end, or at the retry's planned start
+            // if that is later.
+            let planned = ask.planned_ms.map_or(0, |ms| {
+                ms.saturating_sub(ask.now_ms).saturating_mul(1_000_000)
+            });
+            let due = n.saturating_add(nanos(wait).max(planned));
+            e.tenants[t].line.promise(place, due, n);
+        }
         let tenant_entry = &mut e.tenants[t];
         tenant_entry.counters.deferred += 1;
         e.counters.deferred += 1;
@@ -359,19 +402,28 @@ impl Dependencies {
     }
 
     /// Gives up `tenant`'s place in `dependency`'s line (its activity
-    /// stopped or succeeded while deferred).
-    pub fn leave(&mut self, tenant: &str, dependency: &str, activity_id: &str, since_ms: i64) {
+    /// stopped or succeeded while deferred), and the token it held if its
+    /// turn had come.
+    pub fn leave(
+        &mut self,
+        global: &mut FairShares,
+        tenant: &str,
+        dependency: &str,
+        activity_id: &str,
+        since_ms: i64,
+        now: Duration,
+    ) {
         let name = name_of(dependency);
-        if let Some(&i) = self.index.get(name)
-            && let Some(t) = self.entries[i]
-                .tenants
-                .iter_mut()
-                .find(|t| &*t.name == tenant)
-        {
-            t.line.leave(Place {
-                since_ms,
-                id: place_id(activity_id),
-            });
+        if let Some(&i) = self.index.get(name) {
+            let e = &mut self.entries[i];
+            if let Some(t) = e.tenants.iter().position(|t| &*t.name == tenant)
+                && let Some(token) = e.tenants[t].line.leave(Place {
+                    since_ms,
+                    id: place_id(activity_id),
+                })
+            {
+                give_back(global, e, t, token, now);
+            }
         }
     }
 
@@ -729,7 +781,7 @@ impl Dependencies {
 
 /// Why a retry got no token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(super) enum Refusal {
     /// The dependency's lanes had none: `share` when the tenant is past
     /// its share of the shared lane while other tenants want theirs.
     Dependency {
@@ -758,24 +810,43 @@ fn take_token(
     t: usize,
     tenant: &str,
     now: Duration,
-) -> Result<(), Refusal> {
+) -> Result<Taken, Refusal> {
     let n = nanos(now);
     let lane = if let Some(grant) = e.shares.take(tenant, now) {
         Lane::Shared(grant)
     } else if e.tenants[t].earned.take(n) {
         Lane::Earned
     } else {
-        let share = e.shares.refusal(tenant, now) == TENANT_SHARE_EXHAUSTED;
-        return Err(Refusal::Dependency { share });
+        let share = e.shares.refuse(tenant, now) == TENANT_SHARE_EXHAUSTED;
+        let refusal = Refusal::Dependency { share };
+        e.tenants[t].waiting_for = Some(refusal);
+        return Err(refusal);
     };
-    if global.take(tenant, now).is_none() {
-        match lane {
-            Lane::Shared(grant) => e.shares.release(grant, now),
-            Lane::Earned => e.tenants[t].earned.give_back(),
-        }
-        return Err(Refusal::Global(global.refusal(tenant, now)));
+    let Some(grant) = global.take(tenant, now) else {
+        release_lane(e, t, lane, now);
+        let refusal = Refusal::Global(global.refuse(tenant, now));
+        e.tenants[t].waiting_for = Some(refusal);
+        return Err(refusal);
+    };
+    Ok(Taken {
+        lane,
+        global: grant,
+    })
+}
+
+/// Gives a token taken and not used back to its lane.
+fn release_lane(e: &mut Entry, t: usize, lane: Lane, now: Duration) {
+    match lane {
+        Lane::Shared(grant) => e.shares.release(grant, now),
+        Lane::Earned => e.tenants[t].earned.give_back(),
     }
-    Ok(())
+}
+
+/// Gives a token taken and not used back to its lane and the global bucket
+/// (a served place whose worker never claimed it).
+fn give_back(global: &mut FairShares, e: &mut Entry, t: usize, token: Taken, now: Duration) {
+    release_lane(e, t, token.lane, now);
+    global.release(token.global, now);
 }
 
 /// A retry granted now (a token taken, or its place's turn claimed): it

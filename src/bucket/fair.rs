@@ -342,12 +342,19 @@ impl FairShares {
         (grant, name)
     }
 
-    /// Why `tenant` gets no token now, for a deferral's reason: its share
-    /// is spent while others want theirs ([`TENANT_SHARE_EXHAUSTED`]), or
-    /// the bucket is ([`GLOBAL_CAPACITY_EXHAUSTED`]).
-    pub fn refusal(&mut self, tenant: &str, now: Duration) -> &'static str {
+    /// Counts a token `tenant` asked for and did not get (a [`take`] that
+    /// failed) as held back, and says why, for a deferral's reason: its
+    /// share is spent while others want theirs ([`TENANT_SHARE_EXHAUSTED`]),
+    /// or the bucket is ([`GLOBAL_CAPACITY_EXHAUSTED`]). Held back, the
+    /// tenant's demand is published as wanting more than it asked: a
+    /// deferred worker waits its turn before asking again, so what it asks
+    /// is what it gets.
+    ///
+    /// [`take`]: FairShares::take
+    pub fn refuse(&mut self, tenant: &str, now: Duration) -> &'static str {
         let now = nanos(now);
         self.tenants.expire(now);
+        self.hold_back(tenant);
         let others = match self.tenants.find(tenant) {
             Some(i) => {
                 let t = self.tenants.get(i);
@@ -363,8 +370,20 @@ impl FairShares {
         }
     }
 
+    /// Counts a token `tenant` wanted and did not ask for as held back: a
+    /// retry waiting behind its tenant's line, which asks for no token
+    /// while older places want theirs.
+    pub fn hold_back(&mut self, tenant: &str) {
+        if let Some(i) = self.tenants.find(tenant) {
+            let t = self.tenants.get_mut(i);
+            t.asked += 1;
+            t.held_back += 1;
+        }
+    }
+
     /// Tokens a second `tenant` may count on now: its weighted share of the
-    /// rate among the tenants that want theirs, itself included.
+    /// rate among the tenants that want theirs, itself included, over the
+    /// replicas it asks ([`Capacity::spread`]).
     pub fn share_rate(&mut self, tenant: &str, now: Duration) -> f64 {
         if self.closed.is_some() {
             return 0.0;
@@ -380,7 +399,7 @@ impl FairShares {
             .find(tenant)
             .is_some_and(|i| self.tenants.get(i).next > now);
         let total = self.tenants.backlogged_weight() + if own_backlogged { 0 } else { weight };
-        self.rate() * weight as f64 / total.max(1) as f64
+        self.rate() * weight as f64 / total.max(1) as f64 * self.capacity.spread_of(tenant)
     }
 
     /// The bucket never holds more than `burst`: time spent full is lost.

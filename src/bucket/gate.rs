@@ -125,6 +125,7 @@ mod tests {
             activity_id: None,
             waiting_since_ms: None,
             now_ms,
+            planned_ms: None,
         }
     }
 

@@ -183,9 +183,16 @@ impl FairBucket {
     /// Gives up an activity's place in line (it stopped or succeeded while
     /// deferred).
     pub fn leave_line(&self, tenant: &str, dependency: &str, activity_id: &str, since_ms: i64) {
-        self.lock()
-            .dependencies
-            .leave(tenant, dependency, activity_id, since_ms);
+        let now = self.now();
+        let state = &mut *self.lock();
+        state.dependencies.leave(
+            &mut state.global,
+            tenant,
+            dependency,
+            activity_id,
+            since_ms,
+            now,
+        );
     }
 
     /// Every tracked dependency's pace and counters (the operator's view:

@@ -122,6 +122,7 @@ impl Draft {
             activity_id: Some(&self.record.activity_id),
             waiting_since_ms: self.waiting_since_ms,
             now_ms,
+            planned_ms: self.event.not_before_ms,
         };
         let answer = gate.take(&ask);
         settle(

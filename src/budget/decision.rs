@@ -374,6 +374,7 @@ pub fn decide_pure(
                 activity_id: None,
                 waiting_since_ms: None,
                 now_ms,
+                planned_ms: None,
             };
             let answer = gate.take(&ask);
             settle(&mut event, answer, now_ms, Some(deadline));
@@ -593,11 +594,31 @@ mod pure_tests {
             elapsed: 10,
             ..late
         };
-        let e = decide_pure(&report(early, "a", "120"), Some(Answering(None)), 600_000, NOW).unwrap();
-        assert_eq!(e.action, Some(Action::DeadlineExceeded), "as the server asked: {e:?}");
+        let e = decide_pure(
+            &report(early, "a", "120"),
+            Some(Answering(None)),
+            600_000,
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(
+            e.action,
+            Some(Action::DeadlineExceeded),
+            "as the server asked: {e:?}"
+        );
         assert!(e.reason.contains("as the server asked"), "{}", e.reason);
-        let e = decide_pure(&report(early, "", "120"), Some(Answering(None)), 600_000, NOW).unwrap();
-        assert_eq!(e.action, Some(Action::DeadlineExceeded), "without an activity: {e:?}");
+        let e = decide_pure(
+            &report(early, "", "120"),
+            Some(Answering(None)),
+            600_000,
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(
+            e.action,
+            Some(Action::DeadlineExceeded),
+            "without an activity: {e:?}"
+        );
     }
 
     proptest! {

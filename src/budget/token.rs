@@ -26,6 +26,10 @@ pub struct Ask<'a> {
     pub waiting_since_ms: Option<i64>,
     /// Now, unix milliseconds: the place a first deferral takes.
     pub now_ms: i64,
+    /// The retry's planned start, unix milliseconds, when later than now:
+    /// a deferred worker comes back no earlier, and its place waits for it
+    /// until then.
+    pub planned_ms: Option<i64>,
 }
 
 /// The answer to a request for a retry token.

@@ -65,6 +65,9 @@ pub struct ReplicaGrant {
     pub weights: BTreeMap<String, u32>,
     /// Local weight of every other tenant.
     pub default_weight: u32,
+    /// For tenants that asked several replicas: their share of the global
+    /// rate over their part here.
+    pub spread: BTreeMap<String, f64>,
 }
 
 /// One claim on the global rate: a tenant, or a replica's unnamed tenants.
@@ -149,10 +152,15 @@ pub fn allocate(config: &BucketConfig, replicas: &[ReplicaView], me: usize) -> R
         .iter()
         .map(|(t, &w)| (t.clone(), per_weight * f64::from(w)))
         .collect();
+    let mut spread = BTreeMap::new();
     for (tenant, &i) in &split.named {
         let claim = &split.claims[i];
         if let Some(&(_, here)) = claim.demand.iter().find(|(r, _)| *r == me) {
-            rates.insert((*tenant).to_owned(), claim.part(here));
+            let part = claim.part(here);
+            rates.insert((*tenant).to_owned(), part);
+            if claim.demand.len() > 1 && part > 0.0 {
+                spread.insert((*tenant).to_owned(), claim.share / part);
+            }
         }
     }
     let default_rate = per_weight * f64::from(config.default_weight);
@@ -164,6 +172,7 @@ pub fn allocate(config: &BucketConfig, replicas: &[ReplicaView], me: usize) -> R
         target,
         weights: rates.into_iter().map(|(t, r)| (t, scale(r))).collect(),
         default_weight: scale(default_rate),
+        spread,
     }
 }
 

@@ -396,6 +396,7 @@ impl Replica {
                 burst,
                 default_weight: grant.default_weight,
                 weights: grant.weights.clone(),
+                spread: grant.spread.clone(),
                 closed_retry_after: self.config.interval,
             },
         );
@@ -410,6 +411,7 @@ impl Replica {
             burst,
             default_weight: grant.default_weight,
             weights: grant.weights.clone(),
+            spread: grant.spread.clone(),
             closed_retry_after: self.config.interval,
         });
         self.applied = (rate, burst);

@@ -142,9 +142,12 @@ impl<S: Store> App<S> {
         if let Some(state) = app.coordinator.as_ref().map(Coordinator::state) {
             app.spawn(watch::coordination_health(state, app.health.clone()));
         }
-        app.spawn(watch::save_paces(
+        // Not through `spawn`: it stops itself at the drain, after a last
+        // save, never in the middle of one.
+        app.tasks.spawn(watch::save_paces(
             Arc::clone(&app.ledger),
             app.bucket.clone(),
+            app.background.clone(),
         ));
         app.spawn(watch::sweep(
             Arc::clone(&app.ledger),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -225,13 +226,24 @@ pub(super) async fn restore_paces<S: Store>(ledger: &Ledger<S>, bucket: &FairBuc
 }
 
 /// Saves the dependencies' paces that changed, once a second, through the
-/// store (each replica its own view on PostgreSQL; the last writer wins).
-pub(super) async fn save_paces<S: Store>(ledger: Arc<Ledger<S>>, bucket: FairBucket) {
+/// store (each replica its own view on PostgreSQL; the last writer wins),
+/// and once more when `stop` is cancelled (the drain's start). A save under
+/// way is never abandoned: the store's write would go on without the task,
+/// holding the store after the server returns.
+pub(super) async fn save_paces<S: Store>(
+    ledger: Arc<Ledger<S>>,
+    bucket: FairBucket,
+    stop: CancellationToken,
+) {
     let mut ticks = tokio::time::interval(PACE_SAVE_PERIOD);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut saved: std::collections::HashMap<String, PaceRecord> = std::collections::HashMap::new();
-    loop {
-        ticks.tick().await;
+    let mut last = false;
+    while !last {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = stop.cancelled() => last = true,
+        }
         let changed: Vec<PaceRecord> = bucket
             .pace_records(crate::clock::now_ms())
             .into_iter()

@@ -91,7 +91,7 @@ impl Earned {
 pub(super) struct TenantEntry {
     pub name: Arc<str>,
     pub health: TenantHealth,
-    pub line: Line,
+    pub line: Line<Taken>,
     /// Its reported and recorded successes.
     pub successes: SuccessWindow,
     pub earned: Earned,
@@ -103,6 +103,9 @@ pub(super) struct TenantEntry {
     /// second given: the window has not counted it, and its own lane must
     /// not start empty for that.
     pub restored: Option<(f64, u64)>,
+    /// Why its last ask for a token was refused: the reason the retries
+    /// waiting behind its line are told.
+    pub waiting_for: Option<super::Refusal>,
 }
 
 impl TenantEntry {
@@ -116,6 +119,7 @@ impl TenantEntry {
             last_used: second,
             counters: DependencyCounters::default(),
             restored: None,
+            waiting_for: None,
         }
     }
 
@@ -392,4 +396,13 @@ pub(super) enum Lane {
     Shared(Grant),
     /// From the tenant's own lane.
     Earned,
+}
+
+/// A retry's token, from a dependency's lane and the global bucket: what a
+/// served place in line holds until its worker claims it, and gives back
+/// if it never does.
+#[derive(Debug, Clone, Copy)]
+pub struct Taken {
+    pub(super) lane: Lane,
+    pub(super) global: Grant,
 }

@@ -31,6 +31,7 @@ fn pure(now: Duration) -> Ask<'static> {
         activity_id: None,
         waiting_since_ms: None,
         now_ms: now.as_millis() as i64,
+        planned_ms: None,
     }
 }
 
@@ -39,6 +40,7 @@ fn durable<'a>(id: &'a str, since: Option<i64>, now: Duration) -> Ask<'a> {
         activity_id: Some(id),
         waiting_since_ms: since,
         now_ms: now.as_millis() as i64,
+        planned_ms: None,
     }
 }
 
@@ -194,7 +196,7 @@ fn deferred_retries_are_granted_oldest_first_before_fresh_failures() {
             }
         }
         places.retain(|(id, _)| !order.contains(id));
-        deps.leave("t", "api", "fresh", now.as_millis() as i64);
+        deps.leave(&mut g, "t", "api", "fresh", now.as_millis() as i64, now);
         // Whoever asks first, the ones granted so far are the oldest.
         let mut so_far = order.clone();
         so_far.sort();

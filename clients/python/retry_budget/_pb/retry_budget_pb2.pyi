@@ -129,7 +129,7 @@ class NextActionRequest(_message.Message):
     def __init__(self, budget: _Optional[_Union[Budget, _Mapping]] = ..., activity_id: _Optional[str] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., error: _Optional[_Union[_error_detail_pb2.ErrorDetail, _Mapping]] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., workflow_id: _Optional[str] = ..., dependency: _Optional[str] = ...) -> None: ...
 
 class NextActionResponse(_message.Message):
-    __slots__ = ("action", "code", "delay_seconds", "delay_ms", "not_before", "replayed", "reason", "attempt", "policy", "policy_conflict", "token_taken", "defer_reason", "class_conflict", "dry_run", "error_class", "rule", "hint", "would_defer", "slot_booked", "dependency")
+    __slots__ = ("action", "code", "delay_seconds", "delay_ms", "not_before", "replayed", "reason", "attempt", "policy", "policy_conflict", "token_taken", "defer_reason", "class_conflict", "dry_run", "error_class", "rule", "hint", "would_defer", "slot_booked", "dependency", "dependency_untracked", "waiting_since")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DELAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,8 @@ class NextActionResponse(_message.Message):
     WOULD_DEFER_FIELD_NUMBER: _ClassVar[int]
     SLOT_BOOKED_FIELD_NUMBER: _ClassVar[int]
     DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCY_UNTRACKED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SINCE_FIELD_NUMBER: _ClassVar[int]
     action: Action
     code: str
     delay_seconds: int
@@ -170,7 +172,9 @@ class NextActionResponse(_message.Message):
     would_defer: bool
     slot_booked: bool
     dependency: str
-    def __init__(self, action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replayed: _Optional[bool] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., policy_conflict: _Optional[bool] = ..., token_taken: _Optional[bool] = ..., defer_reason: _Optional[str] = ..., class_conflict: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., would_defer: _Optional[bool] = ..., slot_booked: _Optional[bool] = ..., dependency: _Optional[str] = ...) -> None: ...
+    dependency_untracked: bool
+    waiting_since: _timestamp_pb2.Timestamp
+    def __init__(self, action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replayed: _Optional[bool] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., policy_conflict: _Optional[bool] = ..., token_taken: _Optional[bool] = ..., defer_reason: _Optional[str] = ..., class_conflict: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., would_defer: _Optional[bool] = ..., slot_booked: _Optional[bool] = ..., dependency: _Optional[str] = ..., dependency_untracked: _Optional[bool] = ..., waiting_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ServerHint(_message.Message):
     __slots__ = ("delay_ms", "source", "capped", "do_not_retry", "ignored")
@@ -221,7 +225,7 @@ class ReportTrafficResponse(_message.Message):
     def __init__(self, dependencies: _Optional[_Iterable[_Union[DependencyPace, _Mapping]]] = ...) -> None: ...
 
 class DependencyPace(_message.Message):
-    __slots__ = ("dependency", "allowed_rate", "success_rate", "ratio", "rule", "replica_rate", "calls", "successes", "failures", "retries_admitted", "retries_deferred", "explanation")
+    __slots__ = ("dependency", "allowed_rate", "success_rate", "ratio", "rule", "replica_rate", "calls", "successes", "failures", "retries_admitted", "retries_deferred", "explanation", "state", "earned_rate", "window_retries_granted", "window_retries_failed", "untracked")
     DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_RATE_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +238,11 @@ class DependencyPace(_message.Message):
     RETRIES_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     RETRIES_DEFERRED_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EARNED_RATE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_RETRIES_GRANTED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_RETRIES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    UNTRACKED_FIELD_NUMBER: _ClassVar[int]
     dependency: str
     allowed_rate: float
     success_rate: float
@@ -246,7 +255,12 @@ class DependencyPace(_message.Message):
     retries_admitted: int
     retries_deferred: int
     explanation: str
-    def __init__(self, dependency: _Optional[str] = ..., allowed_rate: _Optional[float] = ..., success_rate: _Optional[float] = ..., ratio: _Optional[float] = ..., rule: _Optional[str] = ..., replica_rate: _Optional[float] = ..., calls: _Optional[int] = ..., successes: _Optional[int] = ..., failures: _Optional[int] = ..., retries_admitted: _Optional[int] = ..., retries_deferred: _Optional[int] = ..., explanation: _Optional[str] = ...) -> None: ...
+    state: str
+    earned_rate: float
+    window_retries_granted: int
+    window_retries_failed: int
+    untracked: bool
+    def __init__(self, dependency: _Optional[str] = ..., allowed_rate: _Optional[float] = ..., success_rate: _Optional[float] = ..., ratio: _Optional[float] = ..., rule: _Optional[str] = ..., replica_rate: _Optional[float] = ..., calls: _Optional[int] = ..., successes: _Optional[int] = ..., failures: _Optional[int] = ..., retries_admitted: _Optional[int] = ..., retries_deferred: _Optional[int] = ..., explanation: _Optional[str] = ..., state: _Optional[str] = ..., earned_rate: _Optional[float] = ..., window_retries_granted: _Optional[int] = ..., window_retries_failed: _Optional[int] = ..., untracked: _Optional[bool] = ...) -> None: ...
 
 class RecordSuccessResponse(_message.Message):
     __slots__ = ("status", "changed")
@@ -305,7 +319,7 @@ class Activity(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., activity_id: _Optional[str] = ..., workflow_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., status: _Optional[_Union[ActivityStatus, str]] = ..., closed_code: _Optional[str] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., events: _Optional[_Iterable[_Union[ActivityEvent, _Mapping]]] = ..., reservation_not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ActivityEvent(_message.Message):
-    __slots__ = ("kind", "attempt", "error_class", "occurred_at", "occurred_at_stamped", "elapsed_seconds", "backoff_ms", "delay_seconds", "delay_ms", "not_before", "action", "code", "reason", "token_taken", "recorded_at", "defer_reason", "rule", "hint", "slot_booked", "dependency")
+    __slots__ = ("kind", "attempt", "error_class", "occurred_at", "occurred_at_stamped", "elapsed_seconds", "backoff_ms", "delay_seconds", "delay_ms", "not_before", "action", "code", "reason", "token_taken", "recorded_at", "defer_reason", "rule", "hint", "slot_booked", "dependency", "waiting_since")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +340,7 @@ class ActivityEvent(_message.Message):
     HINT_FIELD_NUMBER: _ClassVar[int]
     SLOT_BOOKED_FIELD_NUMBER: _ClassVar[int]
     DEPENDENCY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SINCE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     attempt: int
     error_class: ErrorClass
@@ -346,4 +361,5 @@ class ActivityEvent(_message.Message):
     hint: ServerHint
     slot_booked: bool
     dependency: str
-    def __init__(self, kind: _Optional[str] = ..., attempt: _Optional[int] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_at_stamped: _Optional[bool] = ..., elapsed_seconds: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., token_taken: _Optional[bool] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., defer_reason: _Optional[str] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., slot_booked: _Optional[bool] = ..., dependency: _Optional[str] = ...) -> None: ...
+    waiting_since: _timestamp_pb2.Timestamp
+    def __init__(self, kind: _Optional[str] = ..., attempt: _Optional[int] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_at_stamped: _Optional[bool] = ..., elapsed_seconds: _Optional[int] = ..., backoff_ms: _Optional[int] = ..., delay_seconds: _Optional[int] = ..., delay_ms: _Optional[int] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[_Union[Action, str]] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., token_taken: _Optional[bool] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., defer_reason: _Optional[str] = ..., rule: _Optional[str] = ..., hint: _Optional[_Union[ServerHint, _Mapping]] = ..., slot_booked: _Optional[bool] = ..., dependency: _Optional[str] = ..., waiting_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

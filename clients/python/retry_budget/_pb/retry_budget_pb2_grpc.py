@@ -102,11 +102,19 @@ class RetryBudgetServicer:
         `replayed = true`.
 
         Every retry, in either form, takes a token from the budget of the
-        dependency the failed call went to (`dependency`), paced by that
-        dependency's recent successes, and one from the service's global
-        retry-token bucket; in both each tenant keeps a weighted fair share.
-        Without both the answer is ACTION_DEFERRED (see Action and
-        defer_reason). Stops, replays and dry runs take none.
+        dependency the failed call went to (`dependency`), paced by what the
+        service sees of that dependency (the failures it is asked about, and
+        whether the retries it grants fail) and by the successes the tenant
+        reported, and one from the service's global retry-token bucket; in
+        both each tenant keeps a weighted fair share. Without both the answer
+        is ACTION_DEFERRED (see defer_reason): a durable retry then takes a
+        place in its tenant's line of the dependency, and the places are
+        served oldest first. Stops, replays and dry runs take none.
+
+        Replays: a decided attempt (a retry or a stop) replays unchanged. A
+        deferral replays unchanged before its not_before; from then on the
+        attempt is decided afresh, keeping its place in line, and a deferral
+        again is not recorded (asking costs no write).
 
         Refusals: INVALID_ARGUMENT attempt_must_be_positive (metadata field,
         got), unknown_error_class (field), invalid_workflow_id (field, limit),
@@ -135,14 +143,19 @@ class RetryBudgetServicer:
 
     def ReportTraffic(self, request, context):
         """How a worker's calls to each dependency went since its last report:
-        the successes pace each dependency's retry budget (a share of its
-        successes a second, between a floor and a ceiling; see
-        DependencyPace). Meant to be called about once a second by each
-        worker, with counts summed since its previous call; the Python and Node
-        clients do it by themselves. Answers the pace of every dependency the
-        request named, or of every dependency tracked when it named none (an
-        operator's view: `grpcurl ... ReportTraffic` with `{}`). Refusals:
-        INVALID_ARGUMENT invalid_dependency (metadata field, limit).
+        the successes add to the caller's tenant's own retries of each
+        dependency, `ratio` of them (see DependencyPace); they never raise
+        another tenant's. Meant to be called about once a second by each
+        worker, with counts summed since its previous call; the Python and
+        Node clients do it by themselves. Answers the pace of every dependency
+        the request named, or, when it named none, of every dependency the
+        caller's tenant used (`grpcurl ... ReportTraffic` with `{}`): nothing of
+        other tenants. Refusals: INVALID_ARGUMENT invalid_dependency (metadata
+        field `dependencies[i].dependency`, limit), invalid_traffic (field, e.g.
+        `dependencies[2].successes`, limit: successes plus failures above
+        calls, or a count above the per-report maximum), too_many_dependencies
+        (field, limit); RESOURCE_EXHAUSTED traffic_reports_too_frequent with
+        RetryInfo when a tenant sends more reports a second than allowed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

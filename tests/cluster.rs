@@ -528,14 +528,14 @@ async fn one_global_budget_shared_fairly_across_replicas() {
     );
     assert!(total <= (budget + BURST) * 1.01, "{total} admitted");
     // The target is 90%, which slot booking met. Deferred retries now wait
-    // in a line per replica, and a worker the balancer sends to another
-    // replica leaves a place behind that holds a token until a little
-    // after it was due; the first turns are told at the rate a replica
-    // held before the coordination moved it. Measured: 70 to 78% over
-    // these 20 s (docs/fairness.md, "Lines on a fleet").
+    // in a line per replica, told to come back when their turn should
+    // come; the first turns are told at the rate a replica held before the
+    // coordination moved it, and a token is banked for a place whose
+    // worker may come late. Measured: 87 to 88% over these 20 s
+    // (docs/fairness.md, "Lines on a fleet").
     assert!(
-        total >= 0.65 * budget,
-        "{total} admitted: under 65% of {budget}"
+        total >= 0.8 * budget,
+        "{total} admitted: under 80% of {budget}"
     );
     // Shares once the split has followed the demand: for the first
     // intervals it is still the split of a standing start, which gives the
@@ -550,12 +550,12 @@ async fn one_global_budget_shared_fairly_across_replicas() {
     };
     let (p, s) = (steady(&pinned), steady(&spread));
     eprintln!("from 4 s on: pinned {p}, spread {s}");
-    // The target is 10%; the places a spread tenant leaves behind on the
-    // replicas it moved from cost it a part of its share (see above).
-    // Measured: the spread tenant gets 60 to 80% of the pinned one's.
+    // The target is 10%; measured 5 to 12% (the pinned tenant's first
+    // turns are told at its replica's rate before the coordination raised
+    // it).
     assert!(
-        s >= 0.5 * p && p >= 0.5 * s,
-        "pinned {p} and spread {s} differ by more than half"
+        (p - s).abs() <= 0.15 * p.max(s),
+        "pinned {p} and spread {s} differ by more than 15%"
     );
 
     // A replica killed: the others hold its share within a few intervals

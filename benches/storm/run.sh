@@ -6,6 +6,9 @@
 #   benches/storm/run.sh                     # the full lab: 3 seeds, ~2 h 40 min
 #   SEEDS=1 SCENARIOS=drop benches/storm/run.sh   # one scenario, one seed
 #   SCENARIOS=flaky POLICIES="none rb-default" benches/storm/run.sh
+#   POLICIES="none rb-default rb-default/no-reports rb-default/records-only" benches/storm/run.sh
+#     (rb-*/no-reports: workers that ask about failures only; /records-only:
+#     RecordSuccess but no traffic reports)
 #   OUT=benches/storm/results PLOT=docs/storm.png benches/storm/run.sh   # the committed lab
 #
 # Results go to $OUT/runs/*.json (one run each; a run already there is not
@@ -42,7 +45,7 @@ jobs=()
 for seed in $SEEDS; do
   for scenario in $SCENARIOS; do
     for policy in $POLICIES; do
-      file="$OUT/runs/$scenario-$policy-$seed.json"
+      file="$OUT/runs/$scenario-$(echo "$policy" | tr / @)-$seed.json"
       [ -s "$file" ] || jobs+=("$seed $scenario $policy")
     done
   done
@@ -52,9 +55,16 @@ echo "storm lab: ${#jobs[@]} runs, $PARALLEL at a time"
 if [ "${#jobs[@]}" -gt 0 ]; then
   printf '%s\n' "${jobs[@]}" | xargs -P "$PARALLEL" -L 1 sh -c '
     target=$1 out=$2 capacity=$3 seed=$4 scenario=$5 policy=$6
-    run="$out/runs/$scenario-$policy-$seed.json"
+    run="$out/runs/$scenario-$(echo "$policy" | tr / @)-$seed.json"
+    # POLICY/no-reports and POLICY/records-only: what the workers tell the
+    # service besides their failures (run.rs, Reports).
+    case "$policy" in
+      */no-reports) reports=none ;;
+      */records-only) reports=records ;;
+      *) reports=all ;;
+    esac
     if "$target/release/retry-budget-storm" --seed "$seed" --scenario "$scenario" \
-        --policy "$policy" --capacity "$capacity" >"$run.tmp"; then
+        --policy "${policy%%/*}" --reports "$reports" --capacity "$capacity" >"$run.tmp"; then
       mv "$run.tmp" "$run"
       echo "done $scenario $policy seed $seed"
     else

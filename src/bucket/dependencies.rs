@@ -209,9 +209,29 @@ impl Dependencies {
                 Standing::Full => full = true,
             }
         }
-        // The tokens to the places due, oldest first (this one among them).
         let mut refusal = None;
-        while e.tenants[t].line.has_waiting(n) {
+        // A tenant a balancer spreads over several replicas leaves places
+        // here whose workers now ask another replica: its worker here goes
+        // first, and no token is banked for a place that may be empty.
+        let spread = global.capacity().spread_of(tenant) > 1.0;
+        if let (true, Some(place)) = (spread, mine) {
+            match take_token(global, e, t, tenant, now) {
+                Ok(_) => {
+                    e.tenants[t].line.leave(place);
+                    return granted(e, t, second, &limits);
+                }
+                Err(reason) => refusal = Some(reason),
+            }
+        }
+        // The tokens to the places due, oldest first (this one among them),
+        // then banked in the places due soonest.
+        while refusal.is_none()
+            && if spread {
+                e.tenants[t].line.has_ready(n)
+            } else {
+                e.tenants[t].line.has_waiting(n)
+            }
+        {
             match take_token(global, e, t, tenant, now) {
                 Ok(token) => {
                     if let Err(token) = e.tenants[t].line.serve(n, token) {

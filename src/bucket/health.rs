@@ -20,8 +20,9 @@
 //! - **Trouble** cuts the allowance by half, never below the floor:
 //!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
-//!     average over about [`BASELINE_SECONDS`]) and than twice the starting
-//!     allowance; it is seen at once, before any retry's fate;
+//!     average over about [`BASELINE_SECONDS`]), than twice the starting
+//!     allowance and than twice [`SURGE_SHARE`] of the successes it reports
+//!     a second; it is seen at once, before any retry's fate;
 //!   - or *failing retries*: at least [`MIN_FATES`] granted retries failed
 //!     in the window, at least half of those granted, and some within the
 //!     last [`RECENT_SECONDS`].
@@ -61,6 +62,9 @@ pub const WINDOW_SECONDS: usize = 10;
 pub const SURGE_MIN: u32 = 10;
 /// A second's failures above this many times the recent rate are a surge.
 pub const SURGE_FACTOR: f64 = 2.0;
+/// Failures up to this share of the successes a tenant reports a second
+/// are its traffic's ordinary failures, not a surge.
+pub const SURGE_SHARE: f64 = 0.05;
 /// The recent failure rate is an average over about this many seconds.
 pub const BASELINE_SECONDS: f64 = 30.0;
 /// Fewest failed retries in the window that can say a dependency fails.
@@ -181,6 +185,9 @@ pub struct TenantHealth {
     /// share a ledger (the coordination's sums): a retry granted here may
     /// fail on another replica, so the fates are read fleet-wide.
     fates: Option<Fates>,
+    /// The successes a second the tenant reports of it (0 when it reports
+    /// none): failures its own traffic explains are no surge.
+    successes: f64,
 }
 
 /// Retries granted and failed in the evidence window, and failed in its
@@ -207,6 +214,7 @@ impl TenantHealth {
             surged: false,
             seen_any: false,
             fates: None,
+            successes: 0.0,
         }
     }
 
@@ -237,6 +245,15 @@ impl TenantHealth {
     /// goes back to this replica's own.
     pub fn set_fates(&mut self, fates: Option<Fates>) {
         self.fates = fates;
+    }
+
+    /// The successes a second the tenant reports of the dependency.
+    pub fn set_successes(&mut self, successes: f64) {
+        self.successes = if successes.is_finite() {
+            successes.max(0.0)
+        } else {
+            0.0
+        };
     }
 
     /// The allowance this tenant's evidence argues for.
@@ -287,11 +304,16 @@ impl TenantHealth {
         let just = self.slots[slot(second)];
         let window = self.window_before(second + 1);
         // Measured against the recent rate, and never against less than
-        // the starting allowance: a dependency first seen failing a few
-        // dozen times a second is not in a surge; its retries' fates
-        // decide.
-        let surge = just.failures >= SURGE_MIN
-            && f64::from(just.failures) > SURGE_FACTOR * self.baseline.max(limits.initial);
+        // the starting allowance, nor than a share of the successes the
+        // tenant reports: a dependency first seen failing a few dozen
+        // times a second, or a busy one failing a small part of its calls,
+        // is not in a surge; its retries' fates decide.
+        let expected = self
+            .baseline
+            .max(limits.initial)
+            .max(SURGE_SHARE * self.successes);
+        let surge =
+            just.failures >= SURGE_MIN && f64::from(just.failures) > SURGE_FACTOR * expected;
         let recent = self.recent_before(second + 1);
         let fates = self.fates.unwrap_or(Fates {
             granted: window.granted,

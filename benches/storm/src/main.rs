@@ -35,6 +35,7 @@ use clap::{Parser, ValueEnum};
 use serde_json::json;
 
 use crate::policy::Rule;
+use crate::run::Reports;
 use crate::service::{Config, Server};
 use crate::setup::{Scenario, Setup, Timeline};
 
@@ -64,6 +65,10 @@ struct Args {
     /// Override the trigger's length in seconds.
     #[arg(long)]
     trigger_seconds: Option<f64>,
+    /// What the workers tell the service besides their failures (the
+    /// service's policies; a run not `all` is named `POLICY/REPORTS`).
+    #[arg(long, value_enum, default_value_t = Reports::All)]
+    reports: Reports,
     /// The retry-budget binary (default: `retry-budget` beside this one).
     #[arg(long)]
     server_bin: Option<PathBuf>,
@@ -159,8 +164,17 @@ async fn main() -> ExitCode {
             }
         }
     };
+    let reports = match (config, args.reports) {
+        (None, _) | (_, Reports::All) => Reports::All,
+        (Some(_), reports) => reports,
+    };
+    let name = match reports {
+        Reports::All => args.policy.name(),
+        Reports::Records => format!("{}/records-only", args.policy.name()),
+        Reports::None => format!("{}/no-reports", args.policy.name()),
+    };
     let mut out = json!({
-        "policy": args.policy.name(),
+        "policy": name,
         "scenario": args.scenario.to_possible_value().map(|v| v.get_name().to_owned()),
         "seed": args.seed,
         "capacity": setup.capacity,
@@ -178,7 +192,7 @@ async fn main() -> ExitCode {
         "trigger_end": timeline.trigger_end(),
         "server_flags": config.map(|c| c.flags().join(" ")),
     });
-    let figures = run::run(setup, policy).await;
+    let figures = run::run(setup, policy, reports).await;
     if let (Some(out), serde_json::Value::Object(figures)) = (out.as_object_mut(), figures) {
         out.extend(figures);
     }

@@ -30,6 +30,20 @@ const LAB_DEADLINE: &str = "lab_deadline";
 /// Python and Node clients do.
 const TRAFFIC_INTERVAL: Duration = Duration::from_secs(1);
 
+/// What the workers tell the service besides the failures they ask
+/// about (the service's policies only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Reports {
+    /// `RecordSuccess` for each activity that succeeds after a failure,
+    /// and a `ReportTraffic` a second: the Python and Node clients.
+    All,
+    /// `RecordSuccess` only, no traffic reports: a worker with plain stubs
+    /// that closes what it opened.
+    Records,
+    /// Failures only (`NextAction`): the article's API, grpcurl.
+    None,
+}
+
 /// Who decides retries.
 #[derive(Debug)]
 pub enum Policy {
@@ -73,6 +87,7 @@ struct Lab {
     /// traffic report (the service only).
     traffic: Vec<Mutex<Traffic>>,
     policy: Policy,
+    reports: Reports,
 }
 
 impl Lab {
@@ -140,7 +155,7 @@ fn arrivals_of(setup: &Setup, which: usize, seed: u64) -> Vec<Arrival> {
 }
 
 /// Runs `setup` under `policy`; returns the run's figures and series.
-pub async fn run(setup: Setup, policy: Policy) -> Value {
+pub async fn run(setup: Setup, policy: Policy, reports: Reports) -> Value {
     let arrivals = arrivals(&setup);
     let tl = setup.timeline;
     let seconds = tl.end().ceil() as usize + 1;
@@ -177,6 +192,7 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
             .collect(),
         traffic: (0..clients).map(|_| Mutex::default()).collect(),
         policy,
+        reports,
     });
 
     if setup.restart {
@@ -195,7 +211,7 @@ pub async fn run(setup: Setup, policy: Policy) -> Value {
         }
     }
 
-    if let Policy::Service(_) = lab.policy {
+    if let (Policy::Service(_), Reports::All) = (&lab.policy, reports) {
         // Each worker reports its traffic once a second, the workers'
         // reports spread evenly over the second.
         for worker in 0..setup.workers {
@@ -314,10 +330,11 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
                 Policy::Client(_) => lab.client(arrival.worker, which).on_success(last_cost),
                 Policy::Service(server) => {
                     lab.recorder.end(index, End::Succeeded(lab.seconds(now)));
-                    if server
-                        .record_success(arrival.tenant.id(), dependency, &activity_id)
-                        .await
-                        .is_err()
+                    if lab.reports != Reports::None
+                        && server
+                            .record_success(arrival.tenant.id(), dependency, &activity_id)
+                            .await
+                            .is_err()
                     {
                         lab.recorder.service_error();
                     }

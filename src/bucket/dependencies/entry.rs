@@ -305,6 +305,7 @@ impl Entry {
             } else {
                 t.health.set_fates(None);
             }
+            t.health.set_successes(t.success_rate(now));
             t.health.advance(second, &limits);
             // Never more than the global rate: the rate a tenant is told it
             // earned is one the buckets can pay.

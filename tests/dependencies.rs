@@ -372,8 +372,13 @@ async fn pace_then_restart(flags: &[&str], dir: &tempfile::TempDir, healthy: boo
     if on_postgres {
         // A replica admits nothing before its first grant; the killed
         // one's lease holds its part until it lapses (three intervals).
+        // Idle, the replica takes half of the global rate (the rest stays
+        // free for demand elsewhere): once it holds it, and its bucket has
+        // filled for a second, what is measured is the pace.
         coordinated(&addr).await;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        let url = flags[flags.iter().position(|f| *f == "--postgres-url").unwrap() + 1];
+        postgres::holds(url, 50.0).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     let mut retried = 0;
     for i in 0..50 {

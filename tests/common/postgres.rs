@@ -118,6 +118,33 @@ impl Drop for TestDb {
 /// Waits (at most 20 s) until `replicas` replicas hold live leases of about
 /// equal, non-zero rates: a replica takes only what the others leave, so
 /// the first to start holds the whole budget until its next interval.
+/// Waits (at most 20 s) until one live replica holds at least `rate` of
+/// the global budget: a replica restarted holds all of it only once the
+/// killed one's lease has lapsed.
+pub async fn holds(url: &str, rate: f64) {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let rates: Vec<f64> = client
+            .query(
+                "SELECT granted_rate FROM retry_budget_replica_leases WHERE expires_at > now()",
+                &[],
+            )
+            .await
+            .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+            .unwrap_or_default();
+        if rates.len() == 1 && rates[0] >= rate {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no sole replica holds {rate}/s: {rates:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub async fn converged(url: &str, replicas: usize) {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(connection);

@@ -80,3 +80,49 @@ where
         self.inner.call(request)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use tower::{ServiceExt, service_fn};
+
+    use super::*;
+    use crate::bucket::BucketConfig;
+
+    /// The tenant of the gate the inner service found on a call to `path`
+    /// with `x-tenant-id: tenant`, if it found one.
+    async fn gate_on(path: &str, tenant: &str) -> Option<String> {
+        let bucket = FairBucket::new(&BucketConfig::default()).unwrap();
+        let inner = service_fn(|request: http::Request<()>| async move {
+            Ok::<_, Infallible>(
+                request
+                    .extensions()
+                    .get::<TenantGate>()
+                    .map(|g| g.tenant().to_owned()),
+            )
+        });
+        let service = RetryTokenLayer::new(bucket).layer(inner);
+        let request = http::Request::builder()
+            .uri(format!("http://x/retrybudget.v1.RetryBudget/{path}"))
+            .header("x-tenant-id", tenant)
+            .body(())
+            .unwrap();
+        service.oneshot(request).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_the_calls_that_spend_budget_get_a_gate_of_their_tenant() {
+        for method in ["NextAction", "RecordSuccess", "ReportTraffic"] {
+            assert_eq!(gate_on(method, "acme").await.as_deref(), Some("acme"));
+        }
+        for method in ["RetryDelay", "GetActivity", "ResolveActivity"] {
+            assert_eq!(gate_on(method, "acme").await, None, "{method}");
+        }
+        assert_eq!(
+            gate_on("NextAction", "").await,
+            None,
+            "a tenant that does not parse gets no gate: the handler refuses"
+        );
+    }
+}

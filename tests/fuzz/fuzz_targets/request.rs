@@ -2,9 +2,11 @@
 //! server runs: `RetryBudgetService` over a `Ledger` on a real redb store.
 //!
 //! The input is a sequence of steps, each `[kind][length: u16 LE][bytes]`
-//! (the last one takes what is left): `kind % 5` picks the request type
-//! (RetryDelay, NextAction, RecordSuccess, ResolveActivity, GetActivity)
-//! and the bytes are decoded as it, as the server's codec decodes them.
+//! (the last one takes what is left): `kind % 6` picks the request type
+//! (RetryDelay, NextAction, RecordSuccess, ResolveActivity, GetActivity,
+//! ReportTraffic) and the bytes are decoded as it, as the server's codec
+//! decodes them. `ReportTraffic` carries the tenant's gate on a real
+//! bucket, as the layer attaches it.
 //! Bytes that are not such a message are refused by the codec before the
 //! service; the step is skipped. A sequence can report attempts of one
 //! activity, resolve it, close it and read it back.
@@ -25,7 +27,10 @@
 //!   `occurred_at + delay_ms`, before the activity's deadline;
 //! - a durable decision asked again is replayed unchanged;
 //! - `RetryDelay` is the reference delay within its cap, and the same when
-//!   asked again; a second `RecordSuccess` changes nothing.
+//!   asked again; a second `RecordSuccess` changes nothing;
+//! - a `ReportTraffic` refused (counts that cannot be true, too many
+//!   dependencies, too many reports) changes nothing the tenant's listing
+//!   shows, and a pace is never negative or NaN.
 #![no_main]
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -37,6 +42,7 @@ use tokio::runtime::Runtime;
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
+use retry_budget::bucket::{FairBucket, TenantGate};
 use retry_budget::budget::activity::Policy;
 use retry_budget::budget::classify::RuleSet;
 use retry_budget::budget::codes;
@@ -55,6 +61,7 @@ const INPUTS_PER_STORE: u64 = 20_000;
 /// The service on its store, and the directory the store lives in.
 struct Server {
     service: RetryBudgetService<RedbStore>,
+    bucket: FairBucket,
     defaults: Defaults,
     inputs: u64,
     _dir: tempfile::TempDir,
@@ -79,8 +86,11 @@ impl Server {
         let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).expect("the store opens");
         let ledger = Arc::new(Ledger::new(store, defaults));
         let rules = Arc::new(ArcSwap::from_pointee(RuleSet::default()));
+        let bucket = FairBucket::with_dependencies(&config.bucket, config.dependencies.clone())
+            .expect("the default bucket");
         Self {
-            service: RetryBudgetService::new(ledger, Draining::default(), None, rules),
+            service: RetryBudgetService::new(ledger, Draining::default(), rules),
+            bucket,
             defaults,
             inputs: 0,
             _dir: dir,
@@ -214,6 +224,68 @@ async fn stored(
         (tenant, activity_id)
     );
     Ok(activity)
+}
+
+/// `ReportTraffic` as the layer hands it over: with the tenant's gate.
+fn gated<T>(server: &Server, tenant: &str, message: T) -> Request<T> {
+    let mut r = request(tenant, message);
+    r.extensions_mut()
+        .insert(TenantGate::new(server.bucket.clone(), Arc::from(tenant)));
+    r
+}
+
+/// What the tenant's listing shows of its dependencies, the paces aside
+/// (they move with time): names and counters.
+async fn listing(server: &Server, tenant: &str) -> Vec<(String, u64, u64, u64)> {
+    let answer = server
+        .service
+        .report_traffic(gated(server, tenant, pb::ReportTrafficRequest::default()))
+        .await
+        .expect("an empty report lists");
+    let mut rows: Vec<_> = answer
+        .into_inner()
+        .dependencies
+        .into_iter()
+        .map(|d| {
+            assert!(
+                d.allowed_rate.is_finite() && d.allowed_rate >= 0.0,
+                "a pace: {d:?}"
+            );
+            (d.dependency, d.calls, d.successes, d.failures)
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+async fn report_traffic(server: &Server, tenant: &str, req: pb::ReportTrafficRequest) {
+    let before = listing(server, tenant).await;
+    let answer = server
+        .service
+        .report_traffic(gated(server, tenant, req.clone()))
+        .await;
+    match &answer {
+        Ok(r) => {
+            for pace in &r.get_ref().dependencies {
+                assert!(
+                    pace.allowed_rate.is_finite() && pace.allowed_rate >= 0.0,
+                    "a pace: {pace:?}"
+                );
+            }
+        }
+        Err(status) if status.code() == Code::ResourceExhausted => {
+            // More reports a second than a tenant may send.
+            assert!(
+                status.message().starts_with(codes::TRAFFIC_REPORTS_TOO_FREQUENT),
+                "{status:?}"
+            );
+            assert_eq!(listing(server, tenant).await, before, "refused, unchanged");
+        }
+        Err(status) => {
+            refusal_code(status);
+            assert_eq!(listing(server, tenant).await, before, "refused, unchanged");
+        }
+    }
 }
 
 async fn next_action(server: &Server, tenant: &str, req: pb::NextActionRequest) {
@@ -374,7 +446,7 @@ fuzz_target!(|data: &[u8]| {
             };
             let (bytes, tail) = tail.split_at(len.min(tail.len()));
             rest = tail;
-            match kind % 5 {
+            match kind % 6 {
                 0 => {
                     if let Ok(req) = pb::RetryDelayRequest::decode(bytes) {
                         retry_delay(server, &tenant, req).await;
@@ -395,9 +467,14 @@ fuzz_target!(|data: &[u8]| {
                         resolve(server, &tenant, req).await;
                     }
                 }
-                _ => {
+                4 => {
                     if let Ok(req) = pb::GetActivityRequest::decode(bytes) {
                         get(server, &tenant, req).await;
+                    }
+                }
+                _ => {
+                    if let Ok(req) = pb::ReportTrafficRequest::decode(bytes) {
+                        report_traffic(server, &tenant, req).await;
                     }
                 }
             }

@@ -113,7 +113,7 @@ impl FairBucket {
 
     /// A token for `tenant`'s retry to `dependency` (empty: the default
     /// one) from the dependency's lanes and the global bucket, now, or when
-    /// to ask again ([`Dependencies::admit`]).
+    /// to ask again (the rule is `bucket::dependencies`).
     pub fn take(&self, tenant: &str, dependency: &str, ask: &Ask<'_>) -> Answer {
         let mut answer = {
             let mut state = self.lock();

@@ -6,8 +6,8 @@
 //! stamp a missing time, which is then recorded), and returns either the
 //! recorded decision to replay or a [`Draft`]: the new decision and the new
 //! record, waiting for the global retry token. The caller settles the token
-//! ([`Draft::take_token`] or [`Draft::settle`]), makes the record durable, and only
-//! then replies.
+//! ([`Draft::take_token`]), makes the record durable, and only then
+//! replies.
 //!
 //! # Logical time
 //! `started_at` is the `occurred_at` of the first report. A decision measures

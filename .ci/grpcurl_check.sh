@@ -182,15 +182,16 @@ fi
 
 # --- a dependency's budget, as the README shows it --------------------------------
 # A worker's traffic report for payments-api (320 successes), then, a second
-# later, the operator's view with {}: its pace in numbers, 10% of its
-# successes a second (over the seconds begun since the first).
+# later, the tenant's view with {}: its pace in numbers, the shared
+# allowance with its evidence, and 10% of the tenant's own successes a
+# second on top (over the seconds begun since the first).
 if "${G[@]}" -d '{"dependencies":[{"dependency":"payments-api","calls":330,"successes":320,"failures":10}]}' \
     "$ADDR" "$SVC/ReportTraffic" >/dev/null 2>&1 \
   && sleep 1.1 \
   && r=$("${G[@]}" -d '{}' "$ADDR" "$SVC/ReportTraffic" 2>&1) \
   && grep -q '"dependency": "payments-api"' <<<"$r" \
-  && grep -Eq '"explanation": "[0-9.]+ retries/s allowed \(10% of [0-9.]+ successes/s\)"' <<<"$r"; then
-  pass "ReportTraffic {} -> payments-api's pace: N retries/s allowed (10% of M successes/s)"
+  && grep -Eq '"explanation": "[0-9.]+ retries/s allowed: [^"]+; [0-9.]+ more for this tenant \(10% of its [0-9.]+ successes/s\)"' <<<"$r"; then
+  pass "ReportTraffic {} -> payments-api's pace: N retries/s allowed: evidence; K more for this tenant (10% of its M successes/s)"
 else
   fail "ReportTraffic {} -> payments-api's pace in numbers: got ${r//$'\n'/ }"
 fi

@@ -15,9 +15,9 @@
 //
 // Each also counts the call the framework ran for the traffic reports
 // (traffic.js): countFailure() after a failed one, succeeded() after a
-// successful one. The service paces each dependency's retries by its
-// successes, so a worker that did not count them would leave its
-// dependency at the floor.
+// successful one. The successes a tenant reports earn it retries of its
+// own on top of the dependency's shared allowance, so a worker that did not
+// count them would get only the shared allowance.
 //
 // The attempt is the framework's own; the service counts attempts without
 // gaps and a deferral consumes none, so after a deferral or a period when
@@ -62,7 +62,8 @@ export class Advisor {
    * @param {string} [settings.tenant] sent as x-tenant-id.
    * @param {string} [settings.dependency] what the job calls ('payments-api'; up to 64 printable ASCII
    *   characters without spaces): named in every NextAction and RecordSuccess, so a retry takes a token of
-   *   its budget, and in the traffic counts that pace it. '' is the default dependency.
+   *   its budget, and in the traffic counts, whose successes earn the tenant retries of its own on it. '' is
+   *   the default dependency.
    * @param {object} [settings.policy] { max_attempts, deadline_seconds, base, cap } on the first report.
    * @param {(err: Error) => string | object} [settings.classify] a class name or an ErrorDetail object.
    * @param {number} [settings.deadlineMs] how long one call may take (default 2000).

@@ -589,9 +589,11 @@ export class RetryBudgetClient {
   /**
    * ReportTraffic: `{ dependencies: [{ dependency, calls, successes, failures }] }`
    * since the last report, answered with each one's pace `{ dependencies:
-   * [{ dependency, allowed_rate, success_rate, rule, explanation, ... }] }`.
-   * An empty request reads the pace of every dependency the service
-   * tracks. `traffic` sends these by itself; call this to read the paces.
+   * [{ dependency, allowed_rate, earned_rate, success_rate, state,
+   * explanation, ... }] }`, as the calling tenant sees it. An empty request
+   * reads the pace of every dependency the calling tenant used (never
+   * another tenant's). `traffic` sends these by itself; call this to read
+   * the paces.
    */
   reportTraffic(request, options) {
     return this.call('ReportTraffic', 'ReportTrafficRequest', 'ReportTrafficResponse', request, options);

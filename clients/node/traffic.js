@@ -1,13 +1,16 @@
 // Traffic counts: how a worker's calls to each dependency went, sent to the
 // service by themselves about once a second.
 //
-// The service paces each dependency's retries by that dependency's
-// successes (a tenth of its successes a second, never below a floor of
-// probes: `ReportTraffic` in the proto). Failures reach it on their own,
-// with every NextAction; successes do not. A worker that never tells them
-// leaves every dependency at its floor, so the client counts its calls in
-// memory and a timer sends the sums since the previous report, one
-// ReportTraffic an interval.
+// The service paces each dependency's retries by what it sees of it (the
+// failures it is asked about with every NextAction, and whether the retries
+// it grants fail): 20 retries a second to start with, cut by half a second
+// in trouble, never below a floor of probes, grown back while retries do
+// not fail. The successes a worker reports add to that, for its tenant
+// alone: a tenth of them a second (`ReportTraffic` in the proto). Failures
+// reach the service on their own; successes do not. A worker that never
+// tells them earns its tenant nothing on top of the shared allowance, so
+// the client counts its calls in memory and a timer sends the sums since
+// the previous report, one ReportTraffic an interval.
 //
 //     const rb = new RetryBudgetClient('127.0.0.1:50051', { tenant: 'acme' });   // rb.traffic counts
 //     const receipt = await rb.traffic.call('payments-api', () => charge(card)); // a success unless it throws

@@ -212,7 +212,7 @@ impl Dependencies {
         let mut refusal = None;
         // A tenant a balancer spreads over several replicas leaves places
         // here whose workers now ask another replica: its worker here goes
-        // first, and no token is banked for a place that may be empty.
+        // first, before places due now whose workers may be elsewhere.
         let spread = global.capacity().spread_of(tenant) > 1.0;
         if let (true, Some(place)) = (spread, mine) {
             match take_token(global, e, t, tenant, now) {
@@ -223,15 +223,8 @@ impl Dependencies {
                 Err(reason) => refusal = Some(reason),
             }
         }
-        // The tokens to the places due, oldest first (this one among them),
-        // then banked in the places due soonest.
-        while refusal.is_none()
-            && if spread {
-                e.tenants[t].line.has_ready(n)
-            } else {
-                e.tenants[t].line.has_waiting(n)
-            }
-        {
+        // The tokens to the places due, oldest first (this one among them).
+        while refusal.is_none() && e.tenants[t].line.has_ready(n) {
             match take_token(global, e, t, tenant, now) {
                 Ok(token) => {
                     if let Err(token) = e.tenants[t].line.serve(n, token) {

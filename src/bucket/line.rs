@@ -13,9 +13,10 @@
 //! tenant's share brings goes to the oldest place whose worker is *due*,
 //! here or about to be ([`Line::has_ready`]); the place is *served*, and
 //! its worker, asking, takes the token at once. A place whose worker is
-//! not due yet comes after: its token would wait idle for its worker, who on
-//! several replicas may be asking another one. With no place due, a token
-//! is banked in the place due soonest rather than lost to a full bucket.
+//! not due yet gets none: its token would wait idle for its worker, who on
+//! several replicas may be asking another one, and tokens held for absent
+//! workers would reach the dependency together when they come back, past
+//! the bucket's burst. A token no place is due for stays in the bucket.
 //! A fresh failure takes a place at the back while any live place waits.
 //!
 //! # Places whose workers do not come back
@@ -176,15 +177,13 @@ impl<T> Line<T> {
         false
     }
 
-    /// Serves the oldest place due now with `token`, taken for it, or,
-    /// with none due, the place due soonest (the token is banked for its
-    /// worker rather than lost to a full bucket). Returns the place, or the
-    /// token when no place waits.
+    /// Serves the oldest place due now with `token`, taken for it. Returns
+    /// the place, or the token when no place is due.
     pub fn serve(&mut self, now: Nanos, token: T) -> Result<Place, T> {
         let next = if self.has_ready(now) {
             self.ready.first().copied()
         } else {
-            self.upcoming.first().map(|(_, p)| *p)
+            None
         };
         match next {
             Some(place) => {
@@ -329,24 +328,21 @@ mod tests {
     }
 
     #[test]
-    fn a_place_here_now_goes_before_one_due_later_which_gets_the_next_token() {
+    fn a_place_here_now_goes_before_one_due_later_which_gets_none_yet() {
         let mut line: Line = Line::default();
         line.ask(place(1, 1), 0, 10);
         line.promise(place(1, 1), 5 * S, 0);
         line.ask(place(2, 2), S, 10);
-        line.ask(place(3, 3), S, 10);
-        line.promise(place(3, 3), 9 * S, S);
         assert!(line.has_waiting(S));
         assert!(line.has_ready(S));
         assert_eq!(line.serve(S, ()), Ok(place(2, 2)), "1 is not due until 5 s");
         assert!(!line.has_ready(S));
         assert_eq!(
             line.serve(S, ()),
-            Ok(place(1, 1)),
-            "nobody due: banked in the place due soonest"
+            Err(()),
+            "no token held for an absent worker"
         );
-        assert_eq!(line.serve(S, ()), Ok(place(3, 3)));
-        assert_eq!(line.serve(S, ()), Err(()));
+        assert_eq!(line.serve(5 * S - READY, ()), Ok(place(1, 1)), "due soon");
     }
 
     #[test]
@@ -358,7 +354,8 @@ mod tests {
         line.promise(place(2, 2), 8 * S, 3 * S);
         // Place 1 was due back at 3 s: no longer live past 4 s.
         assert!(line.has_waiting(4 * S));
-        assert_eq!(line.serve(4 * S + 1, ()), Ok(place(2, 2)), "1 skipped");
+        assert_eq!(line.serve(4 * S + 1, ()), Err(()), "1 skipped, 2 not due");
+        assert_eq!(line.serve(8 * S, ()), Ok(place(2, 2)));
         assert_eq!(line.ask(place(2, 2), 8 * S, 10), Standing::Served);
         assert!(!line.has_waiting(8 * S));
         line.ask(place(3, 3), 10 * S, 10);

@@ -80,15 +80,16 @@ async function activity(server, r, job) {
 
 /**
  * The (calls, successes, failures, retries admitted) the service counted for
- * `dependency` (ReportTraffic with an empty request), once they are
- * `expected` or `timeoutMs` has passed: the strategy sends its counts about
- * once a second, in the background. A retry is admitted by the budget of
- * the dependency its NextAction named.
+ * `dependency` as TENANT's (ReportTraffic with an empty request, which
+ * lists the calling tenant's dependencies only), once they are `expected`
+ * or `timeoutMs` has passed: the strategy sends its counts about once a
+ * second, in the background. A retry is admitted by the budget of the
+ * dependency its NextAction named.
  */
 async function traffic(server, dependency, expected, timeoutMs = 10_000) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const rb = new RetryBudgetClient(server.address, { trafficIntervalMs: null });
+    const rb = new RetryBudgetClient(server.address, { tenant: TENANT, trafficIntervalMs: null });
     const { dependencies } = await rb.reportTraffic({}).finally(() => rb.close());
     const p = dependencies.find((d) => d.dependency === dependency);
     const seen = p ? [p.calls, p.successes, p.failures, p.retries_admitted].map(Number) : null;
@@ -99,9 +100,8 @@ async function traffic(server, dependency, expected, timeoutMs = 10_000) {
 
 // Every server runs a static dependency rate at the global one: these tests
 // are about how BullMQ schedules what the service plans, with retries back
-// to back in one dependency, which the adaptive default would hold to one a
-// second for a dependency with no successes yet (test/traffic.test.js runs
-// that default).
+// to back in one dependency, which the adaptive default would pace by what
+// it sees of the dependency (test/traffic.test.js runs that default).
 before(async () => {
   servers.plain = await startServer(GLOBAL_BUDGET_ONLY);
   servers.tight = await startServer([...GLOBAL_BUDGET_ONLY, '--retry-rate', '1', '--retry-burst', '1']);

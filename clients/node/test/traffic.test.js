@@ -1,10 +1,15 @@
 // The traffic reporter and the dependency budgets, against the real binary.
 //
 // The servers run the adaptive default (no --dependency-rate): each
-// dependency's retries are a tenth of its successes a second, never fewer
-// than one a second, so what the client reports by itself is what paces
-// them. Each test starts a server of its own: a dependency's pace depends on
-// every success it was ever told of, in a window of seconds.
+// dependency's shared allowance is set by what the service sees of it (20
+// retries a second before it has seen anything, cut by half a second while
+// the retries it grants fail, never below a floor of one a second, grown
+// back while they do not), and the successes the client reports by itself
+// earn its tenant a tenth of them a second as retries of its own, on top.
+// A listing (ReportTraffic with an empty request) shows the calling
+// tenant's dependencies only, so each test reads it as the tenant that
+// reported. Each test starts a server of its own: a dependency's pace
+// depends on what it saw in a window of seconds.
 
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
@@ -15,9 +20,10 @@ import { RetryBudgetClient, TrafficReporter } from '../retry_budget_client.js';
 import { Advisor } from '../advisor.js';
 import { startServer } from '../testing/server.js';
 
-// The service's defaults ([dependencies] ratio and floor).
+// The service's defaults ([dependencies] ratio, floor and initial).
 const RATIO = 0.1;
 const FLOOR = 1;
+const INITIAL = 20;
 
 let server;
 const clients = [];
@@ -46,9 +52,12 @@ function client(options = {}) {
   return c;
 }
 
-/** Every tracked dependency's pace: ReportTraffic with an empty request. */
-async function paces() {
-  const rb = new RetryBudgetClient(server.address, { trafficIntervalMs: null });
+/**
+ * The pace of every dependency `tenant` used (the default tenant when
+ * absent), as that tenant sees it: ReportTraffic with an empty request.
+ */
+async function paces(tenant) {
+  const rb = new RetryBudgetClient(server.address, { tenant, trafficIntervalMs: null });
   try {
     const r = await rb.reportTraffic({});
     return new Map(r.dependencies.map((p) => [p.dependency, p]));
@@ -57,11 +66,11 @@ async function paces() {
   }
 }
 
-/** `paces()` once the service paces each of `names` by what it was told: it recomputes a pace at most once a second. */
-async function paced(names, timeoutMs = 3000) {
+/** `paces(tenant)` once the service counts the successes `tenant` reported of each of `names`: it recomputes a pace at most once a second. */
+async function paced(tenant, names, timeoutMs = 3000) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const seen = await paces();
+    const seen = await paces(tenant);
     if (names.every((n) => seen.get(n)?.success_rate > 0)) return seen;
     assert.ok(Date.now() < deadline, `not paced yet: ${[...seen.keys()]}`);
     await sleep(100);
@@ -101,20 +110,31 @@ test('the reporter sends counts by itself and the service paces each dependency 
   await sent(rb.traffic, [busy, quiet]);
   assert.equal(rb.traffic.dropped, 0);
 
-  const seen = await paced([busy, quiet]);
+  const seen = await paced(rb.tenant, [busy, quiet]);
+  // The counts are the reporting tenant's own: another tenant's listing
+  // (here the default tenant's) shows neither dependency.
+  assert.deepEqual([...(await paces()).keys()], []);
   const b = seen.get(busy);
   const q = seen.get(quiet);
   assert.deepEqual(counts(b), [210n, 200n, 10n]);
   assert.deepEqual(counts(q), [4n, 2n, 2n]);
   // 200 successes in one report, over a window of at most 5 s: at least 40
-  // a second, so a tenth of them is past the floor.
+  // a second. They earn the tenant a lane of its own, a tenth of them.
   assert.ok(b.success_rate >= 40, `${b.success_rate}`);
-  assert.equal(b.rule, 'ratio');
-  assert.ok(Math.abs(b.allowed_rate - RATIO * b.success_rate) < 1e-6, `${b.allowed_rate} vs ${b.success_rate}`);
-  assert.match(b.explanation, /retries\/s allowed \(10% of/);
-  assert.equal(q.rule, 'floor');
-  assert.equal(q.allowed_rate, FLOOR);
-  assert.ok(RATIO * q.success_rate < FLOOR);
+  assert.equal(b.ratio, RATIO);
+  assert.ok(Math.abs(b.earned_rate - RATIO * b.success_rate) < 1e-6, `${b.earned_rate} vs ${b.success_rate}`);
+  assert.ok(Math.abs(q.earned_rate - RATIO * q.success_rate) < 1e-6, `${q.earned_rate} vs ${q.success_rate}`);
+  assert.ok(q.earned_rate < b.earned_rate, `${q.earned_rate} vs ${b.earned_rate}`);
+  // The shared allowance is what the service saw, not what was reported:
+  // it was asked about no failure of either, so both are at the starting
+  // allowance, however many successes each reported.
+  for (const p of [b, q]) {
+    assert.equal(p.state, 'no_evidence', p.explanation);
+    assert.equal(p.rule, p.state, 'rule says the same as state, for clients of 0.1');
+    assert.equal(p.allowed_rate, INITIAL, p.explanation);
+  }
+  assert.match(b.explanation,
+    /^20 retries\/s allowed: no evidence yet: its starting allowance; [\d.]+ more for this tenant \(10% of its [\d.]+ successes\/s\)$/);
 });
 
 test('a failed send keeps its counts, never rejects, and goes out when the service answers', async () => {
@@ -130,12 +150,14 @@ test('a failed send keeps its counts, never rejects, and goes out when the servi
   assert.equal(await dead.traffic.flush(), null, 'by hand too: no rejection');
   assert.equal(logger.lines.filter((l) => l.includes('cannot reach')).length, 1, logger.lines.join('\n'));
   // The kept batch, sent by a reporter whose client answers (as when the
-  // service comes back): the same counts, once.
-  dead.traffic.client = client({ trafficIntervalMs: null });
+  // service comes back): the same counts, once, counted for that client's
+  // tenant.
+  const alive = client({ trafficIntervalMs: null });
+  dead.traffic.client = alive;
   assert.notEqual(await dead.traffic.flush(), null);
   assert.ok(logger.lines.some((l) => l.includes('again')), logger.lines.join('\n'));
   await dead.close();
-  assert.deepEqual(counts((await paces()).get(dependency)), [3n, 2n, 1n]);
+  assert.deepEqual(counts((await paces(alive.tenant)).get(dependency)), [3n, 2n, 1n]);
 });
 
 test('memory is bounded, bad names are refused where they are written, and null turns counting off', async () => {
@@ -172,7 +194,7 @@ test('the dependency goes with NextAction and RecordSuccess', async () => {
     rb.nextAction({ activity_id: fresh('charge'), attempt: 1, error_class: 'transient', dependency: 'has space' }),
     (err) => err.grpcStatus === 'INVALID_ARGUMENT' && err.stableCode === 'invalid_dependency',
   );
-  const p = (await paces()).get(dependency);
+  const p = (await paces(rb.tenant)).get(dependency);
   assert.equal(p.successes, 2n);
   assert.equal(p.retries_admitted, 1n);
 });
@@ -180,17 +202,22 @@ test('the dependency goes with NextAction and RecordSuccess', async () => {
 // -- two dependencies, one down ----------------------------------------------
 
 const POLICY = { max_attempts: 100, deadline_seconds: 600, base: 0, cap: 0 };
-// "up" starts cold, at the floor, and its first failures book slots ahead;
-// its pace grows with its successes over the service's 5 s window, and the
-// slots booked are paid off by 6 s. Reports four times a second keep the
-// pace within a second of the calls (at the default 1 s the same loop pays
-// them off about 3 s later).
+// Both start at the starting allowance (20 retries a second). "up" fails
+// 5 calls a second and its granted retries succeed: it is never cut, so
+// none of its retries waits, from the first second. "down" fails every
+// call: its granted retries fail, and each second of that cuts its
+// allowance by half, 20 to the floor of 1 in about 6 s (WARMUP_MS); then
+// it is measured. Reports four times a second keep "up"'s earned lane
+// within a second of its calls.
 const REPORT_EVERY_MS = 250;
 const WARMUP_MS = 6000;
 const MEASURE_MS = 4000;
 const UP_EVERY_MS = 10; // "up" is called 100 times a second...
 const UP_FAILS_ONE_IN = 20; // ...and fails one call in 20 (95% succeed)
 const DOWN_ACTIVITIES = 3; // "down" always fails: three activities retry it
+// The longest a deferral may put off the next question ([bucket]
+// max_deferral).
+const MAX_DEFERRAL_MS = 10_000;
 
 const until = (date) => sleep(Math.max(0, date.getTime() - Date.now()));
 
@@ -199,7 +226,7 @@ const until = (date) => sleep(Math.max(0, date.getTime() - Date.now()));
  * call is reported (NextAction with its dependency), a retry runs at
  * not_before, a deferral is asked again at not_before; every call is counted
  * by the client's reporter, which sends the counts by itself. Resolves to
- * [{ at: ms since start, dependency, answer }].
+ * [{ at: ms since start, received: epoch ms, dependency, answer }].
  */
 async function runTwoDependencies(rb) {
   const answers = [];
@@ -229,7 +256,8 @@ async function runTwoDependencies(rb) {
         const d = await rb.nextAction({
           activity_id: id, attempt, error_class: 'transient', policy: POLICY, occurred_at: occurredAt, dependency,
         });
-        answers.push({ at: Date.now() - start, dependency, answer: d });
+        const received = Date.now();
+        answers.push({ at: received - start, received, dependency, answer: d });
         if (d.code !== 'schedule_retry' && d.code !== 'deferred') throw new Error(`unexpected stop: ${d.code}`);
         await until(d.not_before);
         if (d.code === 'schedule_retry' || Date.now() >= end) break;
@@ -251,45 +279,68 @@ async function runTwoDependencies(rb) {
   return answers;
 }
 
-test('a failing dependency is held to its floor and a healthy one is not', { timeout: 30_000 }, async () => {
+test('a failing dependency is cut to its floor and a healthy one is not', { timeout: 30_000 }, async () => {
   const rb = client({ trafficIntervalMs: REPORT_EVERY_MS });
-  const answers = await runTwoDependencies(rb);
-  const seen = await paces();
-  const measured = answers.filter((a) => a.at >= WARMUP_MS);
-  const up = measured.filter((a) => a.dependency === 'up').map((a) => a.answer);
-  const down = measured.filter((a) => a.dependency === 'down').map((a) => a.answer);
+  // The paces as the loop's time ends: after it the loop only waits out its
+  // last retries and deferrals, and "down", asked about nothing, would
+  // start to grow back.
+  const [answers, seen] = await Promise.all([
+    runTwoDependencies(rb),
+    sleep(WARMUP_MS + MEASURE_MS).then(() => paces(rb.tenant)),
+  ]);
   const summary = answers
     .map(({ at, dependency, answer: d }) => `${at} ${dependency} ${d.code} ${d.defer_reason} ${d.reason}`)
     .join('\n');
+  const pace = (p) => JSON.stringify(p, (k, v) => (typeof v === 'bigint' ? Number(v) : v));
 
-  // "up" succeeds 19 calls in 20: a tenth of its successes (9.5 a second)
-  // covers its failures (5 a second), and none of its retries waits.
-  assert.ok(up.length >= 10, summary);
+  // "up" succeeds 19 calls in 20 and its granted retries succeed: it is
+  // never cut, and none of its retries waits, from the first second on (it
+  // starts at 20 retries a second; it fails 5 a second).
+  const up = answers.filter((a) => a.dependency === 'up').map((a) => a.answer);
+  assert.ok(up.length >= 25, summary);
   assert.deepEqual(up.filter((d) => d.code !== 'schedule_retry').map((d) => d.code), [], summary);
   assert.ok(up.every((d) => d.dependency === 'up'));
   const u = seen.get('up');
-  assert.equal(u.rule, 'ratio');
-  assert.ok(Math.abs(u.allowed_rate - RATIO * u.success_rate) < 1e-6);
-  assert.ok(u.allowed_rate > 5, `${u.allowed_rate}`);
+  assert.equal(u.state, 'healthy', pace(u));
+  assert.equal(u.rule, u.state);
+  // Neither cut nor grown (it was never deferred): the starting allowance.
+  assert.equal(u.allowed_rate, INITIAL, pace(u));
+  assert.ok(u.window_retries_granted > 0 && 2 * u.window_retries_failed < u.window_retries_granted, pace(u));
+  assert.equal(u.retries_deferred, 0n, pace(u));
+  // Its reported successes (about 95 a second) earn the tenant a tenth of
+  // them on top, a lane of its own; they do not raise the shared allowance.
+  assert.ok(u.success_rate > 50, pace(u));
+  assert.ok(Math.abs(u.earned_rate - RATIO * u.success_rate) < 1e-6, pace(u));
+  assert.match(u.explanation, /retries granted in the last 10 s failed; [\d.]+ more for this tenant \(10% of its/);
 
-  // "down" has no success: its retries are held to the floor, one a second,
-  // and each deferral says whose budget ran out, in numbers. Its activities
-  // ask faster than the floor grants, so past the slots its bucket may book
-  // some are told tenant_backlog_full: the backlog of the tenant within
-  // "down"'s budget, with the same numbers.
-  const deferred = down.filter((d) => d.code === 'deferred');
-  const granted = down.filter((d) => d.code === 'schedule_retry');
+  // "down" has no success and every retry it is granted fails: it is cut
+  // by half a second, to its floor once warmed up, and each deferral says
+  // whose budget ran out, in numbers. A durable deferral holds its place in
+  // line (waiting_since), and is never put off past the longest deferral.
+  const down = answers.filter((a) => a.dependency === 'down');
+  const measured = down.filter((a) => a.at >= WARMUP_MS).map((a) => a.answer);
+  const deferred = measured.filter((d) => d.code === 'deferred');
+  const granted = measured.filter((d) => d.code === 'schedule_retry');
   assert.ok(deferred.length > 0, summary);
-  assert.ok(granted.length <= FLOOR * (MEASURE_MS / 1000) + 1, summary);
-  assert.ok(deferred.some((d) => d.defer_reason === 'dependency_budget_exhausted'), summary);
+  assert.ok(granted.length >= 1, summary);
+  // One a second at the floor, a token of burst, and a second's margin.
+  assert.ok(granted.length <= FLOOR * (MEASURE_MS / 1000) + 2, summary);
   for (const d of deferred) {
     assert.equal(d.dependency, 'down');
-    assert.ok(['dependency_budget_exhausted', 'tenant_backlog_full'].includes(d.defer_reason), d.reason);
-    assert.ok(d.reason.includes(`${d.defer_reason}: down: 1 retries/s allowed (its floor`), d.reason);
+    assert.equal(d.defer_reason, 'dependency_budget_exhausted', d.reason);
+    assert.match(d.reason, /dependency_budget_exhausted: down: [\d.]+ retries\/s allowed: \d+ of the \d+ retries granted in the last 10 s failed, none free/);
+  }
+  for (const { received, answer: d } of down.filter((a) => a.answer.code === 'deferred')) {
+    assert.ok(d.waiting_since instanceof Date && d.waiting_since.getTime() <= received, `${d.waiting_since}`);
+    assert.ok(d.not_before.getTime() - received <= MAX_DEFERRAL_MS, `${d.not_before.toISOString()} asked at ${received}`);
   }
   const dn = seen.get('down');
-  assert.equal(dn.rule, 'floor');
-  assert.equal(dn.allowed_rate, FLOOR);
+  assert.equal(dn.state, 'trouble', pace(dn));
+  assert.equal(dn.rule, dn.state);
+  assert.equal(dn.allowed_rate, FLOOR, pace(dn));
+  assert.ok(dn.window_retries_failed >= 3 && 2 * dn.window_retries_failed >= dn.window_retries_granted, pace(dn));
+  assert.match(dn.explanation, /^1 retries\/s allowed: \d+ of the \d+ retries granted in the last 10 s failed$/);
+  assert.equal(dn.earned_rate, 0);
   assert.equal(dn.successes, 0n);
   assert.equal(dn.failures, dn.calls);
   assert.ok(dn.calls > 0n && dn.retries_deferred > 0n);

@@ -25,9 +25,9 @@ const START_TIMEOUT_MS = 30_000;
  * Server arguments for tests about the durable and pure forms, whose
  * retries come back to back in one dependency: a static dependency rate at
  * the global one leaves the global bucket alone in charge, as before
- * dependencies had budgets. Under the adaptive default a dependency with no
- * successes allows one retry a second (test/traffic.test.js runs that
- * default).
+ * dependencies had budgets. Under the adaptive default a dependency starts
+ * at 20 retries a second and is cut while its granted retries fail
+ * (test/traffic.test.js runs that default).
  */
 export const GLOBAL_BUDGET_ONLY = Object.freeze(['--dependency-rate', '100']);
 const STOP_TIMEOUT_MS = 30_000;

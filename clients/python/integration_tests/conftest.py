@@ -140,16 +140,18 @@ LATE = 1.5
 EARLY = 0.05
 
 
-def traffic(srv: Server, dependency: str, expected: tuple, timeout: float = 10.0) -> tuple:
+def traffic(srv: Server, tenant: str, dependency: str, expected: tuple,
+            timeout: float = 10.0) -> tuple:
     """The (calls, successes, failures, retries admitted) the service counted
-    for `dependency` (ReportTraffic with an empty request), once they are
+    for `tenant`'s use of `dependency` (ReportTraffic with an empty request
+    lists the caller's own dependencies), once they are
     `expected` or `timeout` has passed: an integration sends its counts
     about once a second, in the background. A retry is admitted by the
     budget of the dependency its NextAction named."""
     from retry_budget import RetryBudget
     deadline = time.monotonic() + timeout
     while True:
-        with RetryBudget(srv.target, traffic_interval=None) as rb:
+        with RetryBudget(srv.target, tenant=tenant, traffic_interval=None) as rb:
             paces = {p.dependency: p for p in rb.report_traffic().dependencies}
         p = paces.get(dependency)
         seen = (p.calls, p.successes, p.failures, p.retries_admitted) if p is not None else None

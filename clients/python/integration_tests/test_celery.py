@@ -92,7 +92,7 @@ def test_each_run_is_counted_for_its_dependency_and_sent_by_itself(servers, work
     # Three runs, two failed; the success counted by the RecordSuccess that
     # named the dependency, once; both retries taken from its budget. The
     # worker's reporter sends the counts.
-    assert traffic(servers["plain"], DEPENDENCY, (3, 1, 2, 2)) == (3, 1, 2, 2)
+    assert traffic(servers["plain"], TENANT, DEPENDENCY, (3, 1, 2, 2)) == (3, 1, 2, 2)
 
 
 def test_a_permanent_failure_fails_the_task_at_once(servers, worker):

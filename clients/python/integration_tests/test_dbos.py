@@ -89,7 +89,7 @@ def test_each_attempt_is_counted_for_its_dependency_and_sent_by_itself(servers, 
     assert handle.get_result() == "ok after 3"
     # Three attempts, two failed; the success counted by the RecordSuccess
     # that named the dependency, once; both retries taken from its budget.
-    assert traffic(servers["plain"], DEPENDENCY, (3, 1, 2, 2)) == (3, 1, 2, 2)
+    assert traffic(servers["plain"], TENANT, DEPENDENCY, (3, 1, 2, 2)) == (3, 1, 2, 2)
 
 
 def test_a_permanent_failure_raises_at_once(servers, dbos):

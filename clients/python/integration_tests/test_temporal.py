@@ -178,7 +178,9 @@ def check_retry_starts(run: Run, act) -> list:
     """Each attempt after the first started (Temporal's started_time) no
     earlier than the not_before the previous attempt's failure carried, and
     at most LATE after it (or after Temporal's earliest retry, when that is
-    later); that not_before is one the service recorded for the activity.
+    later); that not_before is one the service recorded for the activity
+    (for a deferral asked again while it keeps its place, which the service
+    answers without a write, the first deferral of that attempt is).
     Returns the gaps from not_before to the start, in seconds."""
     gaps = []
     for prev, row in zip(run.rows, run.rows[1:]):
@@ -187,7 +189,8 @@ def check_retry_starts(run: Run, act) -> list:
         planned = prev["details"]
         recorded = [e for e in decisions(act) if e.code == planned["code"]
                     and e.attempt == planned["attempt"] and e.HasField("not_before")
-                    and abs(to_unix(e.not_before) - planned["not_before"]) < 0.0015]
+                    and (planned["code"] == "deferred"
+                         or abs(to_unix(e.not_before) - planned["not_before"]) < 0.0015)]
         assert recorded, (planned, act)
         gap = row["started"] - planned["not_before"]
         earliest = max(planned["not_before"], prev["ended"] + TEMPORAL_EARLIEST_RETRY)
@@ -239,7 +242,7 @@ def test_retries_start_at_the_services_not_before(temporal, budgets, caplog):
     assert len(logged) == 2 and all("dependency=" + dependency in m for m in logged), logged
     # Three calls, two failed, one success (RecordSuccess), two retries
     # admitted by the dependency's budget: sent by the integration itself.
-    assert traffic(srv, dependency, (3, 1, 2, 2)) == (3, 1, 2, 2)
+    assert traffic(srv, tenant, dependency, (3, 1, 2, 2)) == (3, 1, 2, 2)
     figure("retry (default flags)", "%d attempts, %d retries granted; not_before -> start: %s"
            % (run.history.last_attempt, len(gaps), gaps_text(gaps)))
 
@@ -377,23 +380,19 @@ def test_a_deferral_becomes_a_later_attempt(temporal, budgets):
                                         act.attempts, gaps_text(seen["gaps"])))
 
 
-def test_a_deferral_that_booked_nothing_is_asked_again(temporal):
-    """With the tenant's slots booked as far ahead as the bucket books, the
-    first deferral books nothing (tenant_backlog_full): the attempt Temporal
-    runs at its not_before asks again before the dependency is called."""
-    # A server of its own: how many slots can be booked depends on what the
-    # bucket has booked already.
+def test_a_deferred_attempt_is_asked_again_before_the_dependency_is_called(temporal):
+    """With the tenant's one token taken, the first failure is deferred (it
+    takes a place in line, nothing is consumed): the attempt Temporal runs
+    at its not_before asks again before the dependency is called."""
+    # A server of its own: one token, a second apart.
     srv = Server(["--retry-rate", "1", "--retry-burst", "1"]).start()
     try:
         tenant, dependency = fresh("temporal"), fresh("pack")
 
-        def book_ahead():  # as the first attempt fails
+        def take_the_token():  # as the first attempt fails
             drain(srv, tenant)
-            with RetryBudget(srv.target, tenant=tenant) as rb:
-                for _ in range(2):
-                    assert rb.report_failure(fresh("booked"), 1, "transient").slot_booked
 
-        dep = Dependency(1, first=book_ahead)
+        dep = Dependency(1, first=take_the_token)
 
         @activity.defn(name="charge")
         @with_retry_budget(settings(srv, tenant, dependency))
@@ -404,9 +403,10 @@ def test_a_deferral_that_booked_nothing_is_asked_again(temporal):
         assert dep.setup_error is None, dep.setup_error
         act = get_activity(srv, tenant, run.key)
         first = decisions(act)[0]
-        assert first.defer_reason == "tenant_backlog_full" and not first.slot_booked, first
+        assert first.code == "deferred" and first.HasField("waiting_since"), first
+        assert not first.token_taken, first
         seen = check_deferral_run(run, act, dep)
-        figure("deferral with no slot booked",
+        figure("deferral, asked again at not_before",
                "%d attempts, %d deferral(s), %d dependency calls; not_before -> start: %s"
                % (seen["attempts"], seen["deferrals"], seen["calls"], gaps_text(seen["gaps"])))
     finally:
@@ -511,19 +511,11 @@ def max_over_windows(times: list, rate: float) -> float:
 
 
 def token_times(act) -> list:
-    """When each token the activity's retries took was counted by the bucket:
-    a booked slot's time for a deferral redeemed on it, else the decision's
-    (recorded_at, the service's clock, a commit after it)."""
-    ds, out = decisions(act), []
-    for prev, e in zip([None] + ds, ds):
-        if not e.token_taken:
-            continue
-        if (prev is not None and prev.code == "deferred" and prev.slot_booked
-                and prev.attempt == e.attempt):
-            out.append(to_unix(prev.not_before))
-        else:
-            out.append(to_unix(e.recorded_at))
-    return out
+    """When each token the activity's retries took was spent: the decision's
+    recorded_at (the service's clock, a commit after it). A retry waiting in
+    line has its token taken when its place is served, at most half a second
+    before its worker, due then, claims it."""
+    return [to_unix(e.recorded_at) for e in decisions(act) if e.token_taken]
 
 
 def test_two_workers_share_the_budget(temporal):
@@ -593,9 +585,10 @@ def test_two_workers_share_the_budget(temporal):
         assert len(pids) == 2, "both workers ran retries: %s" % pids
         assert deferred > 0, "the retries wanted exceeded the budget"
         # Tokens, on the service's clock: within burst + rate x t, give or take
-        # the commit between the bucket taking a token and the decision's
-        # recorded_at (up to a quarter of a second's worth of rate; 0.04 to
-        # 0.10 token was measured).
+        # the time between the bucket taking a token and the decision's
+        # recorded_at (a place is served up to half a second before its
+        # worker claims it, and the commit; up to three quarters of a
+        # second's worth of rate).
         excess_tokens = max_over_windows(grants, rate) - burst
         # Calls to the dependency (the workers' clock): a retry runs at its
         # not_before, a second after its token was taken (the policy's 1 s
@@ -606,7 +599,7 @@ def test_two_workers_share_the_budget(temporal):
                "%d retries by 2 processes, %d deferrals; most in any interval t, less "
                "burst + rate x t: tokens %+.2f, dependency calls %+.2f"
                % (len(retries), deferred, excess_tokens, excess_calls))
-        assert excess_tokens <= rate * 0.25, sorted(grants)
+        assert excess_tokens <= rate * 0.75, sorted(grants)
         assert excess_calls <= rate * (1.0 + LATE), sorted(retries)
     finally:
         srv.close()

@@ -107,6 +107,9 @@ SPECS: dict = {
                     "(retry-budget.internal) that does not resolve here"),
         ("Temporal", 1): Spec(skip="needs a Temporal server: run as pasted against a dev server by "
                                    "clients/python/integration_tests/test_temporal.py"),
+        ("Temporal", 2): Spec(skip="a module of activities for a Temporal worker, with the address "
+                                   "of a deployment (retry-budget.internal): the same wrapper runs "
+                                   "against a dev server in clients/node/integration_test/temporal.js"),
         ("Celery", 1): Spec(file="invoices.py", cwd="scratch"),
         ("Celery", 2): Spec(cwd="scratch"),
         ("DBOS", 1): Spec(file="orders.py", command="python orders.py", cwd="scratch"),

@@ -159,53 +159,47 @@ async fn the_pure_form_keeps_its_deadline_as_the_durable_form_does() {
     )
     .await;
     let mut c = client(&addr).await;
-    let now = now_ms();
+    // Attempt 1 of 5 failed transiently `elapsed` s into a `deadline` s
+    // budget, with `error` when the server said more.
+    let pure =
+        |elapsed: u64, deadline: u64, error: Option<pb::ErrorDetail>| pb::NextActionRequest {
+            budget: Some(pb::Budget {
+                attempts: 1,
+                max_attempts: 5,
+                elapsed,
+                deadline,
+            }),
+            error_class: pb::ErrorClass::Transient as i32,
+            error,
+            occurred_at: Some(ts(now_ms())),
+            ..Default::default()
+        };
     // The deadline reached: no retry, whatever the backoff.
-    let pure = pb::NextActionRequest {
-        budget: Some(pb::Budget {
-            attempts: 1,
-            max_attempts: 5,
-            elapsed: 60,
-            deadline: 60,
-        }),
-        error_class: pb::ErrorClass::Transient as i32,
-        occurred_at: Some(ts(now)),
-        ..Default::default()
-    };
-    let answer = c.next_action(pure).await.unwrap().into_inner();
+    let answer = c
+        .next_action(pure(60, 60, None))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(answer.code, "deadline_exceeded", "{answer:?}");
     assert!(!answer.token_taken, "no token for a retry that cannot run");
     // Retry-After 120 at 10 s of 60: the durable form's answer.
-    let pure = pb::NextActionRequest {
-        budget: Some(pb::Budget {
-            attempts: 1,
-            max_attempts: 5,
-            elapsed: 10,
-            deadline: 60,
-        }),
-        error: Some(pb::ErrorDetail {
-            http_status: 429,
-            retry_after: "120".into(),
-            ..Default::default()
-        }),
-        occurred_at: Some(ts(now)),
+    let too_late = pb::ErrorDetail {
+        http_status: 429,
+        retry_after: "120".into(),
         ..Default::default()
     };
-    let answer = c.next_action(pure).await.unwrap().into_inner();
+    let answer = c
+        .next_action(pure(10, 60, Some(too_late)))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(answer.code, "deadline_exceeded", "{answer:?}");
     assert!(!answer.token_taken);
     // With time left, the same failure is retried.
-    let pure = pb::NextActionRequest {
-        budget: Some(pb::Budget {
-            attempts: 1,
-            max_attempts: 5,
-            elapsed: 0,
-            deadline: 600,
-        }),
-        error_class: pb::ErrorClass::Transient as i32,
-        occurred_at: Some(ts(now)),
-        ..Default::default()
-    };
-    let answer = c.next_action(pure).await.unwrap().into_inner();
+    let answer = c
+        .next_action(pure(0, 600, None))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(answer.code, "schedule_retry", "{answer:?}");
 }

@@ -32,36 +32,29 @@
 //! `max_dependencies_per_tenant` of the tracked ones. An idle entry is
 //! evicted for a new name, never while it holds evidence of trouble.
 
+mod admit;
 mod entry;
+mod tracking;
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::entry::{Entry, Lane, Nanos, Taken};
+use self::admit::{give_back, place_id};
+use self::entry::{Entry, Nanos};
 use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::FairShares;
-use super::health::{Fates, Limits, Second, TenantHealth};
-use super::line::{Place, Standing};
-use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig, OVERFLOW_DEPENDENCY};
-use super::{DEPENDENCY_BUDGET_EXHAUSTED, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED};
-use crate::budget::token::{Admission, Answer, Ask, Observed, Pace, PaceRecord, TenantPaceRecord};
+use super::health::{Fates, Second, TenantHealth};
+use super::line::Place;
+use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig};
+use crate::budget::token::{Observed, Pace, PaceRecord, TenantPaceRecord};
 
 pub use self::entry::MAX_TENANTS_PER_DEPENDENCY;
-
-/// A turn estimated longer than this many seconds is told half (at
-/// least this much): see [`Dependencies::admit`].
-const HALVED_FROM: f64 = 2.0;
 
 /// Seconds an entry must have been idle before it is evicted for a new
 /// dependency name.
 pub const IDLE_EVICTION_SECONDS: u64 = 60;
-
-/// Places counted ahead of a deferred retry to estimate its turn: past
-/// this many, the turn is beyond any horizon anyway.
-const COUNT_UP_TO: usize = 100_000;
 
 /// Counters of one dependency (or of one tenant's use of it), since it was
 /// first tracked.
@@ -172,184 +165,6 @@ impl Dependencies {
         };
         deps.track_named(0);
         Ok(deps)
-    }
-
-    /// Asks `dependency`'s budget, then `global`, for `tenant`'s retry (see
-    /// the module doc).
-    pub fn admit(
-        &mut self,
-        global: &mut FairShares,
-        tenant: &str,
-        dependency: &str,
-        ask: &Ask<'_>,
-        now: Duration,
-    ) -> Answer {
-        let second = now.as_secs();
-        let n = nanos(now);
-        let horizon = self.horizon;
-        let i = self.entry(dependency, tenant, now);
-        let config = self.config.pace_of(&self.entries[i].name).clone();
-        let limits = config.limits(self.global_rate);
-        let e = &mut self.entries[i];
-        let t = e.tenant(tenant, second, &config, &limits);
-        let mut unclaimed = Vec::new();
-        e.tenants[t].line.expire(n, |token| unclaimed.push(token));
-        for token in unclaimed {
-            give_back(global, e, t, token, now);
-        }
-        let id = ask.activity_id.map(place_id);
-        // A worker with a place is here: its place is due now.
-        let mut mine = None;
-        let mut full = false;
-        if let (Some(since_ms), Some(id)) = (ask.waiting_since_ms, id) {
-            let place = Place { since_ms, id };
-            match e.tenants[t].line.ask(place, n, COUNT_UP_TO) {
-                Standing::Served => return granted(e, t, second, &limits),
-                Standing::Waiting { .. } => mine = Some(place),
-                Standing::Full => full = true,
-            }
-        }
-        let mut refusal = None;
-        // A tenant a balancer spreads over several replicas leaves places
-        // here whose workers now ask another replica: its worker here goes
-        // first, before places due now whose workers may be elsewhere.
-        let spread = global.capacity().spread_of(tenant) > 1.0;
-        if let (true, Some(place)) = (spread, mine) {
-            match take_token(global, e, t, tenant, now) {
-                Ok(_) => {
-                    e.tenants[t].line.leave(place);
-                    return granted(e, t, second, &limits);
-                }
-                Err(reason) => refusal = Some(reason),
-            }
-        }
-        // The tokens to the places due, oldest first (this one among them).
-        while refusal.is_none() && e.tenants[t].line.has_ready(n) {
-            match take_token(global, e, t, tenant, now) {
-                Ok(token) => {
-                    if let Err(token) = e.tenants[t].line.serve(n, token) {
-                        give_back(global, e, t, token, now);
-                        break;
-                    }
-                }
-                Err(reason) => {
-                    refusal = Some(reason);
-                    break;
-                }
-            }
-        }
-        let (place, ahead) = match (mine, id) {
-            (Some(place), _) => {
-                if e.tenants[t].line.claim(place) {
-                    return granted(e, t, second, &limits);
-                }
-                (Some(place), e.tenants[t].line.ahead(place, n, COUNT_UP_TO))
-            }
-            _ if full => (None, COUNT_UP_TO),
-            (None, id) => {
-                // A fresh failure waits behind any live place.
-                if refusal.is_none() && !e.tenants[t].line.has_waiting(n) {
-                    match take_token(global, e, t, tenant, now) {
-                        Ok(_) => return granted(e, t, second, &limits),
-                        Err(reason) => refusal = Some(reason),
-                    }
-                }
-                match id {
-                    Some(id) => {
-                        let place = Place {
-                            since_ms: ask.now_ms,
-                            id,
-                        };
-                        match e.tenants[t].line.ask(place, n, COUNT_UP_TO) {
-                            Standing::Served => return granted(e, t, second, &limits),
-                            Standing::Waiting { ahead } => (Some(place), ahead),
-                            Standing::Full => {
-                                full = true;
-                                (None, COUNT_UP_TO)
-                            }
-                        }
-                    }
-                    None => (None, e.tenants[t].line.waiting(n, COUNT_UP_TO)),
-                }
-            }
-        };
-        // Waiting behind a line without having asked for a token itself:
-        // the line is there for the reason its last refusal gave, and this
-        // retry is demand held back by it as much as one refused.
-        let refusal = match refusal {
-            Some(refusal) => refusal,
-            None => {
-                let refusal = e.tenants[t]
-                    .waiting_for
-                    .unwrap_or(Refusal::Dependency { share: false });
-                match refusal {
-                    Refusal::Global(_) => global.hold_back(tenant),
-                    Refusal::Dependency { .. } => e.shares.hold_back(tenant),
-                }
-                refusal
-            }
-        };
-        let reason = if full {
-            TENANT_BACKLOG_FULL
-        } else {
-            refusal.reason()
-        };
-        let by_dependency = matches!(refusal, Refusal::Dependency { .. });
-        // When its turn comes: the places ahead and itself, at the rate the
-        // tenant can count on now.
-        let rate = if by_dependency {
-            e.shares.share_rate(tenant, now) + e.tenants[t].earned.rate()
-        } else {
-            global.share_rate(tenant, now)
-        };
-        let turn = if rate > 0.0 {
-            (ahead as f64 + 1.0) / rate
-        } else {
-            f64::INFINITY
-        };
-        // Told half of a long turn, it asks again halfway: the rate it was
-        // estimated at can grow meanwhile (a replica given more of the
-        // global rate, a dependency recovering), and a worker told too late
-        // leaves its tokens idle. Halving costs a few asks, no writes.
-        let turn = if turn > HALVED_FROM {
-            (turn / 2.0).max(HALVED_FROM)
-        } else {
-            turn
-        };
-        let jittered = horizon as f64 * (0.5 + 0.5 * unit(id.unwrap_or(n as u64), second));
-        let wait = Duration::from_nanos((turn * 1e9).min(jittered).max(1e6) as u64);
-        if let Some(place) = place {
-            // Due back at its wait's end, or at the retry's planned start
-            // if that is later.
-            let planned = ask.planned_ms.map_or(0, |ms| {
-                ms.saturating_sub(ask.now_ms).saturating_mul(1_000_000)
-            });
-            let due = n.saturating_add(nanos(wait).max(planned));
-            e.tenants[t].line.promise(place, due, n);
-        }
-        let tenant_entry = &mut e.tenants[t];
-        tenant_entry.counters.deferred += 1;
-        e.counters.deferred += 1;
-        if by_dependency {
-            tenant_entry.health.count(
-                second,
-                &Second {
-                    deferred: 1,
-                    ..Second::default()
-                },
-                &limits,
-            );
-        }
-        let pace = e.pace(Some(&e.tenants[t]), &config, now);
-        Answer {
-            admission: Admission::Deferred {
-                wait,
-                reason,
-                waiting_since_ms: place.map(|p| p.since_ms),
-            },
-            pace: (by_dependency || !e.tracked).then_some(pace),
-            untracked: !e.tracked,
-        }
     }
 
     /// Counts a fresh failure `tenant` asked about.
@@ -653,129 +468,6 @@ impl Dependencies {
         }
     }
 
-    /// The entry `dependency` asks (the default one for an empty name, the
-    /// shared one when it cannot be tracked), its pace brought up to
-    /// `now`. `tenant` introduces it when it is new.
-    fn entry(&mut self, dependency: &str, tenant: &str, now: Duration) -> usize {
-        let name = name_of(dependency);
-        let i = match self.index.get(name) {
-            Some(&i) => i,
-            None => self.insert(name, tenant, now.as_secs()),
-        };
-        self.entries[i].last_used = now.as_secs();
-        self.repace(i, now);
-        i
-    }
-
-    fn tracked_count(&self) -> usize {
-        self.entries.iter().filter(|e| e.tracked).count()
-    }
-
-    /// Tracks `name` for `tenant` if the bounds allow (evicting an idle
-    /// entry if need be), else answers the shared entry.
-    fn insert(&mut self, name: &str, tenant: &str, second: u64) -> usize {
-        let per_tenant = self.config.max_dependencies_per_tenant;
-        let introducer: Option<Arc<str>> = (!tenant.is_empty()).then(|| Arc::from(tenant));
-        // A tenant at its bound makes room among its own idle entries.
-        let mine = introducer
-            .as_ref()
-            .map_or(0, |t| self.introduced.get(t).copied().unwrap_or(0));
-        if mine >= per_tenant {
-            let own_idle = self.entries.iter().position(|e| {
-                e.introduced_by.as_deref() == Some(tenant)
-                    && e.evictable(second, IDLE_EVICTION_SECONDS)
-            });
-            return match own_idle {
-                Some(i) => self.replace(i, name, introducer, second),
-                None => self.overflow(second),
-            };
-        }
-        if self.tracked_count() < self.config.max_dependencies {
-            let i = self.push(name, second);
-            self.introduce(i, introducer);
-            return i;
-        }
-        let idle = (0..self.entries.len())
-            .filter(|&i| self.entries[i].evictable(second, IDLE_EVICTION_SECONDS))
-            .min_by_key(|&i| self.entries[i].last_used);
-        match idle {
-            Some(i) => self.replace(i, name, introducer, second),
-            None => self.overflow(second),
-        }
-    }
-
-    fn push(&mut self, name: &str, second: u64) -> usize {
-        let config = self.config.pace_of(name);
-        let entry = Entry::new(
-            Arc::from(name),
-            config,
-            &self.template,
-            self.global_rate,
-            second,
-        );
-        self.entries.push(entry);
-        let i = self.entries.len() - 1;
-        self.index.insert(Arc::clone(&self.entries[i].name), i);
-        i
-    }
-
-    /// Entry `i` evicted, its place given to `name`.
-    fn replace(
-        &mut self,
-        i: usize,
-        name: &str,
-        introducer: Option<Arc<str>>,
-        second: u64,
-    ) -> usize {
-        let old = &self.entries[i];
-        self.index.remove(&old.name);
-        if let Some(by) = &old.introduced_by
-            && let Some(n) = self.introduced.get_mut(by)
-        {
-            *n = n.saturating_sub(1);
-        }
-        let config = self.config.pace_of(name);
-        self.entries[i] = Entry::new(
-            Arc::from(name),
-            config,
-            &self.template,
-            self.global_rate,
-            second,
-        );
-        self.index.insert(Arc::clone(&self.entries[i].name), i);
-        self.introduce(i, introducer);
-        i
-    }
-
-    fn introduce(&mut self, i: usize, introducer: Option<Arc<str>>) {
-        if let Some(by) = introducer {
-            *self.introduced.entry(Arc::clone(&by)).or_insert(0) += 1;
-            self.entries[i].introduced_by = Some(by);
-        }
-    }
-
-    /// The shared entry of untracked dependencies, made once.
-    fn overflow(&mut self, second: u64) -> usize {
-        if let Some(&i) = self.index.get(OVERFLOW_DEPENDENCY) {
-            return i;
-        }
-        let i = self.push(OVERFLOW_DEPENDENCY, second);
-        self.entries[i].tracked = false;
-        i
-    }
-
-    /// Tracks every dependency the operator named.
-    fn track_named(&mut self, second: u64) {
-        let named: Vec<String> = self.config.named.keys().cloned().collect();
-        for name in named {
-            let i = match self.index.get(name.as_str()) {
-                Some(&i) => i,
-                None => self.push(&name, second),
-            };
-            self.entries[i].named = true;
-        }
-    }
-
     fn repace(&mut self, i: usize, now: Duration) {
         let config = self.config.pace_of(&self.entries[i].name);
         self.entries[i].repace(now, config, self.global_rate, &self.template);
@@ -792,95 +484,6 @@ impl Dependencies {
     }
 }
 
-/// Why a retry got no token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refusal {
-    /// The dependency's lanes had none: `share` when the tenant is past
-    /// its share of the shared lane while other tenants want theirs.
-    Dependency {
-        /// Past its share, others waiting.
-        share: bool,
-    },
-    /// The global bucket had none, for this reason.
-    Global(&'static str),
-}
-
-impl Refusal {
-    fn reason(self) -> &'static str {
-        match self {
-            Self::Dependency { share: true } => TENANT_SHARE_EXHAUSTED,
-            Self::Dependency { share: false } => DEPENDENCY_BUDGET_EXHAUSTED,
-            Self::Global(reason) => reason,
-        }
-    }
-}
-
-/// A token for the tenant's entry `t` of `e`: from the shared lane or its
-/// own, then from the global bucket; the reason when there is none.
-fn take_token(
-    global: &mut FairShares,
-    e: &mut Entry,
-    t: usize,
-    tenant: &str,
-    now: Duration,
-) -> Result<Taken, Refusal> {
-    let n = nanos(now);
-    let lane = if let Some(grant) = e.shares.take(tenant, now) {
-        Lane::Shared(grant)
-    } else if e.tenants[t].earned.take(n) {
-        Lane::Earned
-    } else {
-        let share = e.shares.refuse(tenant, now) == TENANT_SHARE_EXHAUSTED;
-        let refusal = Refusal::Dependency { share };
-        e.tenants[t].waiting_for = Some(refusal);
-        return Err(refusal);
-    };
-    let Some(grant) = global.take(tenant, now) else {
-        release_lane(e, t, lane, now);
-        let refusal = Refusal::Global(global.refuse(tenant, now));
-        e.tenants[t].waiting_for = Some(refusal);
-        return Err(refusal);
-    };
-    Ok(Taken {
-        lane,
-        global: grant,
-    })
-}
-
-/// Gives a token taken and not used back to its lane.
-fn release_lane(e: &mut Entry, t: usize, lane: Lane, now: Duration) {
-    match lane {
-        Lane::Shared(grant) => e.shares.release(grant, now),
-        Lane::Earned => e.tenants[t].earned.give_back(),
-    }
-}
-
-/// Gives a token taken and not used back to its lane and the global bucket
-/// (a served place whose worker never claimed it).
-fn give_back(global: &mut FairShares, e: &mut Entry, t: usize, token: Taken, now: Duration) {
-    release_lane(e, t, token.lane, now);
-    global.release(token.global, now);
-}
-
-/// A retry granted now (a token taken, or its place's turn claimed): it
-/// runs from now on, so its fate is the evidence of the seconds to come.
-fn granted(e: &mut Entry, t: usize, second: u64, limits: &Limits) -> Answer {
-    e.counters.admitted += 1;
-    e.tenants[t].counters.admitted += 1;
-    e.tenants[t].health.count(
-        second,
-        &Second {
-            granted: 1,
-            ..Second::default()
-        },
-        limits,
-    );
-    Answer {
-        untracked: !e.tracked,
-        ..Admission::Granted.into()
-    }
-}
-
 fn success_rate(e: &Entry, now: Duration) -> f64 {
     e.tenants
         .iter()
@@ -894,18 +497,6 @@ fn name_of(dependency: &str) -> &str {
     } else {
         dependency
     }
-}
-
-/// An activity's id in a line: a hash, the same for the same id within a
-/// process (a line lives in one process).
-fn place_id(activity_id: &str) -> u64 {
-    foldhash::fast::FixedState::with_seed(0x5eed).hash_one(activity_id)
-}
-
-/// A number in [0, 1) from `id` and `second`: a deferral's jitter.
-fn unit(id: u64, second: u64) -> f64 {
-    let h = foldhash::fast::FixedState::with_seed(second).hash_one(id);
-    (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn finite_or(value: f64, default: f64) -> f64 {

@@ -7,8 +7,8 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::bucket::GLOBAL_CAPACITY_EXHAUSTED;
-use crate::budget::token::{Evidence, HealthState};
+use crate::bucket::{DEPENDENCY_BUDGET_EXHAUSTED, GLOBAL_CAPACITY_EXHAUSTED};
+use crate::budget::token::{Admission, Answer, Ask, Evidence, HealthState};
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);

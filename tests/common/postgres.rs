@@ -115,13 +115,9 @@ impl Drop for TestDb {
     }
 }
 
-/// Waits (at most 20 s) until `replicas` replicas hold live leases of about
-/// equal, non-zero rates: a replica takes only what the others leave, so
-/// the first to start holds the whole budget until its next interval.
-/// Waits (at most 20 s) until one live replica holds at least `rate` of
-/// the global budget: a replica restarted holds all of it only once the
-/// killed one's lease has lapsed.
-pub async fn holds(url: &str, rate: f64) {
+/// Waits (at most 20 s) until the live leases' granted rates satisfy
+/// `done`; `what` says what was awaited when they never do.
+async fn leases_until(url: &str, what: &str, done: impl Fn(&[f64]) -> bool) {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(connection);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -134,40 +130,33 @@ pub async fn holds(url: &str, rate: f64) {
             .await
             .map(|rows| rows.iter().map(|r| r.get(0)).collect())
             .unwrap_or_default();
-        if rates.len() == 1 && rates[0] >= rate {
+        if done(&rates) {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no sole replica holds {rate}/s: {rates:?}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {rates:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
+/// Waits (at most 20 s) until one live replica holds at least `rate` of
+/// the global budget: a replica restarted holds all of it only once the
+/// killed one's lease has lapsed.
+pub async fn holds(url: &str, rate: f64) {
+    leases_until(url, &format!("no sole replica holds {rate}/s"), |rates| {
+        rates.len() == 1 && rates[0] >= rate
+    })
+    .await;
+}
+
+/// Waits (at most 20 s) until `replicas` replicas hold live leases of about
+/// equal, non-zero rates: a replica takes only what the others leave, so
+/// the first to start holds the whole budget until its next interval.
 pub async fn converged(url: &str, replicas: usize) {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let rates: Vec<f64> = client
-            .query(
-                "SELECT granted_rate FROM retry_budget_replica_leases WHERE expires_at > now()",
-                &[],
-            )
-            .await
-            .map(|rows| rows.iter().map(|r| r.get(0)).collect())
-            .unwrap_or_default();
+    leases_until(url, "grants did not converge", |rates| {
         let (least, most) = rates
             .iter()
             .fold((f64::MAX, 0.0f64), |(l, m), &r| (l.min(r), m.max(r)));
-        if rates.len() == replicas && least > 0.0 && least >= 0.9 * most {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "grants did not converge: {rates:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        rates.len() == replicas && least > 0.0 && least >= 0.9 * most
+    })
+    .await;
 }

@@ -14,7 +14,6 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use binary::AT_DEFAULTS;
 use common::{pb, report, ts};
 use pb::retry_budget_client::RetryBudgetClient;
 use retry_budget::clock::now_ms;
@@ -25,21 +24,6 @@ const MAX_DEFERRAL_MS: i64 = 10_000;
 const SLACK_MS: i64 = 250;
 const ACTIVITIES: usize = 300;
 const DEADLINE_SECONDS: u64 = 30;
-
-/// The binary at its defaults, on a data directory of its own.
-async fn server() -> (tokio::process::Child, String, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let (child, addr) = binary::spawn(
-        &[
-            AT_DEFAULTS,
-            "--data-dir",
-            dir.path().to_str().expect("UTF-8"),
-        ],
-        None,
-    )
-    .await;
-    (child, addr, dir)
-}
 
 async fn client(addr: &str) -> RetryBudgetClient<Channel> {
     RetryBudgetClient::connect(format!("http://{addr}"))
@@ -83,7 +67,7 @@ async fn worker(mut c: RetryBudgetClient<Channel>, id: String, occurred: i64) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_failures_at_once_drain_and_none_is_ended_early() {
-    let (_child, addr, _dir) = server().await;
+    let (_child, addr, _dir) = binary::spawn_at_defaults().await;
     let occurred = now_ms();
     let mut workers = Vec::new();
     // A few connections, as a fleet of workers would share them.
@@ -154,7 +138,7 @@ async fn three_hundred_failures_at_once_drain_and_none_is_ended_early() {
 /// token for it, as the durable form does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pure_form_keeps_its_deadline_as_the_durable_form_does() {
-    let (_child, addr, _dir) = server().await;
+    let (_child, addr, _dir) = binary::spawn_at_defaults().await;
     let mut c = client(&addr).await;
     // Attempt 1 of 5 failed transiently `elapsed` s into a `deadline` s
     // budget, with `error` when the server said more.

@@ -11,26 +11,11 @@
 mod binary;
 mod common;
 
-use binary::AT_DEFAULTS;
 use common::{pb, report, with_tenant};
 use pb::retry_budget_client::RetryBudgetClient;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
-
-async fn server() -> (tokio::process::Child, String, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let (child, addr) = binary::spawn(
-        &[
-            AT_DEFAULTS,
-            "--data-dir",
-            dir.path().to_str().expect("UTF-8"),
-        ],
-        None,
-    )
-    .await;
-    (child, addr, dir)
-}
 
 async fn client(addr: &str) -> RetryBudgetClient<Channel> {
     RetryBudgetClient::connect(format!("http://{addr}"))
@@ -105,7 +90,7 @@ fn reason(status: &Status) -> (Code, String, Vec<(String, String)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_reported_successes_pays_only_the_reporters_own_retries() {
-    let (_child, addr, _dir) = server().await;
+    let (_child, addr, _dir) = binary::spawn_at_defaults().await;
     let mut c = client(&addr).await;
     fail_as(&mut c, "alice", "a-1", "payments").await;
     let before = pace_as(&mut c, "alice", "payments").await;
@@ -136,7 +121,7 @@ async fn a_flood_of_reported_successes_pays_only_the_reporters_own_retries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_that_cannot_be_true_are_refused_with_the_field_and_nothing_changes() {
-    let (_child, addr, _dir) = server().await;
+    let (_child, addr, _dir) = binary::spawn_at_defaults().await;
     let mut c = client(&addr).await;
     report_as(&mut c, "mallory", vec![traffic("payments", 10, 10, 0)])
         .await
@@ -183,7 +168,7 @@ async fn counts_that_cannot_be_true_are_refused_with_the_field_and_nothing_chang
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_cannot_squat_the_dependency_table() {
-    let (_child, addr, _dir) = server().await;
+    let (_child, addr, _dir) = binary::spawn_at_defaults().await;
     let mut c = client(&addr).await;
     let mut untracked = 0;
     for i in 0..40 {

@@ -120,6 +120,15 @@ pub async fn spawn(extra: &[&str], echo: Option<&str>) -> (Child, String) {
     (child, addr)
 }
 
+/// The binary at its defaults ([`AT_DEFAULTS`]: no budget pinned), on a
+/// data directory of its own, kept as long as the returned one lives.
+pub async fn spawn_at_defaults() -> (Child, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().to_str().expect("UTF-8").to_owned();
+    let (child, addr) = spawn(&[AT_DEFAULTS, "--data-dir", &data], None).await;
+    (child, addr, dir)
+}
+
 /// Sends SIGHUP to `child` and returns the first log line (within 10 s)
 /// that holds one of `outcomes`: how the reload went.
 pub async fn hangup(

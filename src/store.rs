@@ -1,5 +1,5 @@
 //! Where activities live. Every store implements [`Store`], and every store
-//! passes the one conformance suite in `tests/store_conformance.rs`.
+//! passes the one conformance suite in `tests/it/store_conformance.rs`.
 //!
 //! The contract a store keeps:
 //! - [`Store::save`] returns only when the record is durable: a decision is

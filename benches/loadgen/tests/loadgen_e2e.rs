@@ -3,7 +3,7 @@
 //! errored would measure error paths), and its two clients send the same requests.
 
 // The service's own end-to-end helper (a real server on 127.0.0.1:0, a temp data dir).
-#[path = "../../../tests/common/mod.rs"]
+#[path = "../../../tests/it/common/server.rs"]
 mod common;
 
 use common::TestServer;

@@ -22,14 +22,17 @@
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
 //!     average over about [`BASELINE_SECONDS`]), than twice the starting
 //!     allowance and than twice [`SURGE_SHARE`] of the successes it reports
-//!     a second; it is seen at once, before any retry's fate;
+//!     a second; it is seen at once, before any retry's fate, and cut
+//!     within the second that makes it (once a second);
 //!   - or *failing retries*: at least [`MIN_FATES`] granted retries failed
 //!     in the window, at least half of those granted, and some within the
 //!     last [`RECENT_SECONDS`].
 //! - **Health** grows it: while granted retries do not fail (or none were
 //!   granted: no evidence), by [`GROWTH`] a second, up to the cap (the
 //!   global rate, or the dependency's ceiling) while the allowance bound,
-//!   else up to the starting allowance.
+//!   else up to the starting allowance; never within [`HOLD_SECONDS`] of a
+//!   cut, nor in a second whose fresh failures are above the expected
+//!   rate (the surge's measure, once rather than twice).
 //! - **Unused**, it decays towards the starting allowance, so that months
 //!   of health do not leave a whole second of the global rate ready for the
 //!   first second of an outage.
@@ -60,6 +63,13 @@ pub const WINDOW_SECONDS: usize = 10;
 /// Fewest fresh failures in a second that can be a surge: below it, a
 /// handful of failures is noise, and the retries' fates decide.
 pub const SURGE_MIN: u32 = 10;
+/// Fewest fresh failures in a second that can hold growth back (above the
+/// recent rate): a tenant's small part of an overload fails a few times a
+/// second, not dozens.
+pub const ELEVATED_MIN: u32 = 3;
+/// A second's failures above this many times the recent rate hold growth
+/// back: a dependency failing as usual (its rate's own noise) does not.
+pub const ELEVATED_FACTOR: f64 = 1.5;
 /// A second's failures above this many times the recent rate are a surge.
 pub const SURGE_FACTOR: f64 = 2.0;
 /// Failures up to this share of the successes a tenant reports a second
@@ -79,6 +89,13 @@ pub const GROWTH: f64 = 1.25;
 pub const DECAY: f64 = 0.9;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
+/// Seconds after a cut (or a second failing well above the usual) in which
+/// the allowance does not grow: the fates of the retries granted before it
+/// come back only after their backoff and their call's timeout, as failures
+/// lately count ([`RECENT_SECONDS`]), and an overloaded dependency drains
+/// its queue at its spare capacity alone, which retries granted meanwhile
+/// would take.
+pub const HOLD_SECONDS: u64 = 3;
 
 /// What one tenant's requests told of a dependency in one second.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -177,6 +194,9 @@ pub struct TenantHealth {
     allowance: f64,
     /// The second of the last cut.
     cut_at: Option<u64>,
+    /// The last second whose fresh failures were above the recent rate
+    /// (at least [`ELEVATED_MIN`]).
+    elevated_at: Option<u64>,
     /// Whether that cut was a surge.
     surged: bool,
     /// Whether any evidence was ever counted.
@@ -211,6 +231,7 @@ impl TenantHealth {
             baseline: 0.0,
             allowance,
             cut_at: None,
+            elevated_at: None,
             surged: false,
             seen_any: false,
             fates: None,
@@ -267,13 +288,46 @@ impl TenantHealth {
     }
 
     /// Counts `what` in the second `now`, stepping the rule over the whole
-    /// seconds before it first.
+    /// seconds before it first. A surge is cut as soon as the second's
+    /// fresh failures make one, not at the second's end: the retries the
+    /// rest of the second would grant add to the overload.
     pub fn count(&mut self, now: u64, what: &Second, limits: &Limits) {
         self.advance(now, limits);
         if what.failures > 0 || what.seen > 0 || what.granted > 0 {
             self.seen_any = true;
         }
         self.slots[slot(now)].add(what);
+        if what.failures > 0
+            && self.cut_at != Some(now)
+            && self.surge(self.slots[slot(now)].failures, limits)
+        {
+            self.allowance = limits.clamp(self.allowance * CUT);
+            self.cut_at = Some(now);
+            self.surged = true;
+        }
+    }
+
+    /// Whether `failures` fresh failures in a second are a surge.
+    fn surge(&self, failures: u32, limits: &Limits) -> bool {
+        failures >= SURGE_MIN && f64::from(failures) > SURGE_FACTOR * self.expected(limits)
+    }
+
+    /// The fresh failures a second expected of the tenant: its recent rate,
+    /// and never less than the starting allowance, nor than a
+    /// share of the successes it reports (a dependency first seen failing
+    /// a few dozen times a second, or a busy one failing a small part of
+    /// its calls, is not in a surge; its retries' fates decide).
+    fn expected(&self, limits: &Limits) -> f64 {
+        self.baseline
+            .max(limits.initial)
+            .max(SURGE_SHARE * self.successes)
+    }
+
+    /// Whether the tenant's allowance was cut within [`HOLD_SECONDS`] of
+    /// `second`.
+    fn held(&self, second: u64) -> bool {
+        self.cut_at
+            .is_some_and(|at| second.saturating_sub(at) < HOLD_SECONDS)
     }
 
     /// Steps the rule over every whole second before `now` not stepped yet.
@@ -303,17 +357,7 @@ impl TenantHealth {
     fn step(&mut self, second: u64, limits: &Limits) {
         let just = self.slots[slot(second)];
         let window = self.window_before(second + 1);
-        // Measured against the recent rate, and never against less than
-        // the starting allowance, nor than a share of the successes the
-        // tenant reports: a dependency first seen failing a few dozen
-        // times a second, or a busy one failing a small part of its calls,
-        // is not in a surge; its retries' fates decide.
-        let expected = self
-            .baseline
-            .max(limits.initial)
-            .max(SURGE_SHARE * self.successes);
-        let surge =
-            just.failures >= SURGE_MIN && f64::from(just.failures) > SURGE_FACTOR * expected;
+        let surge = self.surge(just.failures, limits);
         let recent = self.recent_before(second + 1);
         let fates = self.fates.unwrap_or(Fates {
             granted: window.granted,
@@ -326,13 +370,32 @@ impl TenantHealth {
         let most_failed = 2 * u64::from(fates.failed) >= u64::from(fates.granted);
         let failing = fates.failed >= MIN_FATES && most_failed && fates.failed_recently > 0;
         let retries_ok = fates.granted == 0 || !most_failed || fates.failed_recently == 0;
+        // Growth waits out a cut's hold, and as long a hold after a second
+        // whose fresh failures were well above the tenant's recent rate and
+        // above the share its reported successes explain (the starting allowance
+        // aside): a tenant whose calls fail more than usual, even a few
+        // times a second as a small tenant's part of an overload does, has
+        // no capacity to spare for more retries yet.
+        if just.failures >= ELEVATED_MIN
+            && f64::from(just.failures)
+                > (ELEVATED_FACTOR * self.baseline).max(SURGE_SHARE * self.successes)
+        {
+            self.elevated_at = Some(second);
+        }
+        let elevated = self
+            .elevated_at
+            .is_some_and(|at| second.saturating_sub(at) < HOLD_SECONDS);
+        let may_grow = retries_ok && !self.held(second) && !elevated;
         if surge || failing {
-            self.allowance = limits.clamp(self.allowance * CUT);
-            self.cut_at = Some(second);
-            self.surged = surge;
-        } else if just.deferred > 0 && retries_ok {
+            // A surge seen as it came was cut then (`count`), once a second.
+            if self.cut_at != Some(second) {
+                self.allowance = limits.clamp(self.allowance * CUT);
+                self.cut_at = Some(second);
+                self.surged = surge;
+            }
+        } else if just.deferred > 0 && may_grow {
             self.allowance = limits.clamp(grow(self.allowance));
-        } else if self.allowance < limits.initial && retries_ok {
+        } else if self.allowance < limits.initial && may_grow {
             self.allowance = limits.clamp(grow(self.allowance).min(limits.initial));
         } else if window.deferred == 0 && self.allowance > limits.initial {
             self.allowance = limits.clamp((self.allowance * DECAY).max(limits.initial));
@@ -460,141 +523,4 @@ pub fn blend(tenants: impl IntoIterator<Item = (f64, u64)>, initial: f64) -> f64
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LIMITS: Limits = Limits {
-        floor: 1.0,
-        initial: 20.0,
-        cap: 100.0,
-    };
-
-    fn failures(n: u32) -> Second {
-        Second {
-            failures: n,
-            seen: n,
-            ..Second::default()
-        }
-    }
-
-    #[test]
-    fn no_evidence_starts_at_the_initial_allowance_and_stays() {
-        let mut h = TenantHealth::new(0, 20.0);
-        h.advance(30, &LIMITS);
-        assert_eq!(h.allowance(), 20.0);
-        assert_eq!(h.evidence(30, &LIMITS).state, HealthState::NoEvidence);
-    }
-
-    #[test]
-    fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
-        let mut h = TenantHealth::new(0, 20.0);
-        for s in 0..10 {
-            h.count(s, &failures(1), &LIMITS);
-        }
-        assert_eq!(h.allowance(), 20.0, "one failure a second is no surge");
-        h.count(10, &failures(90), &LIMITS);
-        h.advance(11, &LIMITS);
-        assert_eq!(h.allowance(), 10.0, "cut at the first step after it");
-        let e = h.evidence(11, &LIMITS);
-        assert_eq!(e.state, HealthState::Trouble);
-        assert!(
-            e.to_string().starts_with("failures surged to 90/s from"),
-            "{e}"
-        );
-        for s in 11..15 {
-            h.count(s, &failures(90), &LIMITS);
-        }
-        h.advance(15, &LIMITS);
-        assert_eq!(h.allowance(), 1.0, "at the floor: 10, 5, 2.5, 1.25, 1");
-    }
-
-    #[test]
-    fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
-        let mut h = TenantHealth::new(0, 20.0);
-        // A steady failure rate (no surge), every granted retry failing.
-        for s in 0..20 {
-            h.count(
-                s,
-                &Second {
-                    failures: 5,
-                    seen: 5,
-                    granted: 2,
-                    retries_failed: 2,
-                    deferred: 3,
-                },
-                &LIMITS,
-            );
-        }
-        h.advance(20, &LIMITS);
-        assert_eq!(h.allowance(), 1.0);
-        let e = h.evidence(20, &LIMITS);
-        assert_eq!(e.state, HealthState::Trouble);
-        assert_eq!(
-            e.to_string(),
-            "20 of the 20 retries granted in the last 10 s failed"
-        );
-        // The dependency comes back: the probes succeed, and the retries
-        // wanted are deferred, so it grows.
-        for s in 20..60 {
-            h.count(
-                s,
-                &Second {
-                    failures: 5,
-                    seen: 5,
-                    granted: 1,
-                    retries_failed: 0,
-                    deferred: 5,
-                },
-                &LIMITS,
-            );
-        }
-        h.advance(60, &LIMITS);
-        assert!(h.allowance() > 50.0, "{}", h.allowance());
-        assert_eq!(h.evidence(60, &LIMITS).state, HealthState::Healthy);
-    }
-
-    #[test]
-    fn a_flaky_dependency_is_not_trouble() {
-        // 13 failures a second, a tenth of the granted retries failing.
-        let mut h = TenantHealth::new(0, 20.0);
-        for s in 0..60 {
-            h.count(
-                s,
-                &Second {
-                    failures: 13,
-                    seen: 130,
-                    granted: 13,
-                    retries_failed: u32::from(s % 10 == 0) * 13,
-                    deferred: u32::from(s % 3 == 0),
-                },
-                &LIMITS,
-            );
-        }
-        h.advance(60, &LIMITS);
-        assert!(h.allowance() >= 20.0, "{}", h.allowance());
-        assert_ne!(h.evidence(60, &LIMITS).state, HealthState::Trouble);
-    }
-
-    #[test]
-    fn an_unused_allowance_decays_to_the_initial_one() {
-        let mut h = TenantHealth::new(0, 100.0);
-        h.count(0, &failures(1), &LIMITS);
-        h.advance(40, &LIMITS);
-        assert_eq!(h.allowance(), 20.0);
-    }
-
-    #[test]
-    fn long_gaps_are_stepped_in_bounded_time() {
-        let mut h = TenantHealth::new(0, 1.0);
-        h.count(0, &failures(1), &LIMITS);
-        h.advance(u64::MAX / 2, &LIMITS);
-        assert_eq!(h.allowance(), 20.0, "evidence ages out");
-    }
-
-    #[test]
-    fn the_blend_weighs_tenants_by_requests_seen() {
-        assert_eq!(blend([(1.0, 90), (100.0, 10)], 20.0), 10.9);
-        assert_eq!(blend([(1.0, 0), (9.0, 0)], 20.0), 5.0);
-        assert_eq!(blend([], 20.0), 20.0);
-    }
-}
+mod tests;

@@ -298,15 +298,16 @@ async fn a_failing_dependency_is_cut_grows_back_and_never_defers_a_healthy_one()
         reason_while_down.contains("a: 1 retries/s allowed:"),
         "{reason_while_down}"
     );
-    // Back: its probes stop failing and it grows again; the retries
-    // deferred while it was down are paid, oldest first.
+    // Back: its probes stop failing and, once the hold after its last cut
+    // is over (`HOLD_SECONDS`), it grows again; the retries deferred while
+    // it was down are paid, oldest first.
     let back = seconds[(END / 10 - 1) as usize];
     assert!(back.a_allowed >= 15.0, "{seconds:#?}");
     let paid_back: u32 = seconds[(BACK / 10) as usize..]
         .iter()
         .map(|s| s.a.paid)
         .sum();
-    assert!(paid_back >= 300, "{paid_back} paid after A came back");
+    assert!(paid_back >= 250, "{paid_back} paid after A came back");
     assert!(pending.iter().all(|a| a.dependency == "a"), "B's all done");
     // The caller's listing: its own dependencies, with their evidence.
     let mine = clients[0]

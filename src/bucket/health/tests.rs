@@ -1,0 +1,187 @@
+//! The rule of `health.rs`, second by second.
+
+use super::*;
+
+const LIMITS: Limits = Limits {
+    floor: 1.0,
+    initial: 20.0,
+    cap: 100.0,
+};
+
+fn failures(n: u32) -> Second {
+    Second {
+        failures: n,
+        seen: n,
+        ..Second::default()
+    }
+}
+
+#[test]
+fn no_evidence_starts_at_the_initial_allowance_and_stays() {
+    let mut h = TenantHealth::new(0, 20.0);
+    h.advance(30, &LIMITS);
+    assert_eq!(h.allowance(), 20.0);
+    assert_eq!(h.evidence(30, &LIMITS).state, HealthState::NoEvidence);
+}
+
+#[test]
+fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
+    let mut h = TenantHealth::new(0, 20.0);
+    for s in 0..10 {
+        h.count(s, &failures(1), &LIMITS);
+    }
+    assert_eq!(h.allowance(), 20.0, "one failure a second is no surge");
+    h.count(10, &failures(90), &LIMITS);
+    h.advance(11, &LIMITS);
+    assert_eq!(h.allowance(), 10.0, "cut at the first step after it");
+    let e = h.evidence(11, &LIMITS);
+    assert_eq!(e.state, HealthState::Trouble);
+    assert!(
+        e.to_string().starts_with("failures surged to 90/s from"),
+        "{e}"
+    );
+    for s in 11..15 {
+        h.count(s, &failures(90), &LIMITS);
+    }
+    h.advance(15, &LIMITS);
+    assert_eq!(h.allowance(), 1.0, "at the floor: 10, 5, 2.5, 1.25, 1");
+}
+
+#[test]
+fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
+    let mut h = TenantHealth::new(0, 20.0);
+    // A steady failure rate (no surge), every granted retry failing.
+    for s in 0..20 {
+        h.count(
+            s,
+            &Second {
+                failures: 5,
+                seen: 5,
+                granted: 2,
+                retries_failed: 2,
+                deferred: 3,
+            },
+            &LIMITS,
+        );
+    }
+    h.advance(20, &LIMITS);
+    assert_eq!(h.allowance(), 1.0);
+    let e = h.evidence(20, &LIMITS);
+    assert_eq!(e.state, HealthState::Trouble);
+    assert_eq!(
+        e.to_string(),
+        "20 of the 20 retries granted in the last 10 s failed"
+    );
+    // The dependency comes back: the probes succeed, and the retries
+    // wanted are deferred, so it grows.
+    for s in 20..60 {
+        h.count(
+            s,
+            &Second {
+                failures: 5,
+                seen: 5,
+                granted: 1,
+                retries_failed: 0,
+                deferred: 5,
+            },
+            &LIMITS,
+        );
+    }
+    h.advance(60, &LIMITS);
+    assert!(h.allowance() > 50.0, "{}", h.allowance());
+    assert_eq!(h.evidence(60, &LIMITS).state, HealthState::Healthy);
+}
+
+#[test]
+fn a_flaky_dependency_is_not_trouble() {
+    // 13 failures a second, a tenth of the granted retries failing.
+    let mut h = TenantHealth::new(0, 20.0);
+    for s in 0..60 {
+        h.count(
+            s,
+            &Second {
+                failures: 13,
+                seen: 130,
+                granted: 13,
+                retries_failed: u32::from(s % 10 == 0) * 13,
+                deferred: u32::from(s % 3 == 0),
+            },
+            &LIMITS,
+        );
+    }
+    h.advance(60, &LIMITS);
+    assert!(h.allowance() >= 20.0, "{}", h.allowance());
+    assert_ne!(h.evidence(60, &LIMITS).state, HealthState::Trouble);
+}
+
+#[test]
+fn an_unused_allowance_decays_to_the_initial_one() {
+    let mut h = TenantHealth::new(0, 100.0);
+    h.count(0, &failures(1), &LIMITS);
+    h.advance(40, &LIMITS);
+    assert_eq!(h.allowance(), 20.0);
+}
+
+#[test]
+fn long_gaps_are_stepped_in_bounded_time() {
+    let mut h = TenantHealth::new(0, 1.0);
+    h.count(0, &failures(1), &LIMITS);
+    h.advance(u64::MAX / 2, &LIMITS);
+    assert_eq!(h.allowance(), 20.0, "evidence ages out");
+}
+
+#[test]
+fn the_blend_weighs_tenants_by_requests_seen() {
+    assert_eq!(blend([(1.0, 90), (100.0, 10)], 20.0), 10.9);
+    assert_eq!(blend([(1.0, 0), (9.0, 0)], 20.0), 5.0);
+    assert_eq!(blend([], 20.0), 20.0);
+}
+
+#[test]
+fn a_surge_is_cut_within_its_own_second() {
+    let mut h = TenantHealth::new(0, 20.0);
+    // A quiet history, then 41 fresh failures in one second: cut at the
+    // 41st, before the second ends.
+    h.count(5, &failures(1), &LIMITS);
+    for _ in 0..40 {
+        h.count(10, &failures(1), &LIMITS);
+    }
+    assert_eq!(h.allowance(), 20.0);
+    h.count(10, &failures(1), &LIMITS);
+    assert_eq!(h.allowance(), 10.0);
+    // Once a second: the rest of it does not cut again, nor does its end.
+    h.count(10, &failures(30), &LIMITS);
+    h.advance(11, &LIMITS);
+    assert_eq!(h.allowance(), 10.0);
+}
+
+#[test]
+fn a_cut_holds_growth_and_so_does_a_second_failing_more_than_usual() {
+    let deferred = Second {
+        deferred: 5,
+        ..Second::default()
+    };
+    let mut h = TenantHealth::new(0, 20.0);
+    h.count(10, &failures(50), &LIMITS);
+    assert_eq!(h.allowance(), 10.0);
+    // Deferred and no retry failing: no growth within the hold.
+    for s in 11..10 + HOLD_SECONDS {
+        h.count(s, &deferred, &LIMITS);
+    }
+    h.advance(10 + HOLD_SECONDS, &LIMITS);
+    assert_eq!(h.allowance(), 10.0);
+    // Then it grows...
+    h.count(10 + HOLD_SECONDS, &deferred, &LIMITS);
+    h.advance(11 + HOLD_SECONDS, &LIMITS);
+    assert_eq!(h.allowance(), 12.5);
+    // ...until a second with a few failures, well above the tenant's
+    // usual rate though no surge, holds it again.
+    let at = 11 + HOLD_SECONDS;
+    h.count(at, &failures(6), &LIMITS);
+    h.count(at, &deferred, &LIMITS);
+    for s in at + 1..at + HOLD_SECONDS {
+        h.count(s, &deferred, &LIMITS);
+    }
+    h.advance(at + HOLD_SECONDS, &LIMITS);
+    assert_eq!(h.allowance(), 12.5);
+}

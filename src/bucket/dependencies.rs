@@ -56,6 +56,12 @@ pub use self::entry::MAX_TENANTS_PER_DEPENDENCY;
 /// dependency name.
 pub const IDLE_EVICTION_SECONDS: u64 = 60;
 
+/// The longest a reported success rate restored at start-up is held while
+/// its tenant reports nothing new: a replica restarted on PostgreSQL admits
+/// nothing until its first grant, some coordination intervals later, and
+/// its workers' first reports may come later still.
+pub const RESTORED_HOLD_SECONDS: u64 = 60;
+
 /// Counters of one dependency (or of one tenant's use of it), since it was
 /// first tracked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -188,7 +194,7 @@ impl Dependencies {
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
         let te = &mut e.tenants[t];
-        te.successes.add(now, 1);
+        te.add_successes(now, 1, config.window);
         te.counters.report(0, 1, 0);
         e.counters.report(0, 1, 0);
         if known {
@@ -221,7 +227,7 @@ impl Dependencies {
         let limits = config.limits(self.global_rate);
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
-        e.tenants[t].successes.add(now, successes);
+        e.tenants[t].add_successes(now, successes, config.window);
         e.tenants[t].counters.report(calls, successes, failures);
         e.counters.report(calls, successes, failures);
         e.paced_at = None;
@@ -425,7 +431,10 @@ impl Dependencies {
             .collect()
     }
 
-    /// Takes back what was persisted (at start-up): each dependency's
+    /// Takes back what was persisted (at start-up). A tenant's reported
+    /// success rate is held until its own reports have filled a window
+    /// (`TenantEntry::add_successes`), and at most [`RESTORED_HOLD_SECONDS`]
+    /// when none come.: each dependency's
     /// tenants with their allowance, failure rate and reported successes,
     /// while there is room.
     pub fn restore(&mut self, records: &[PaceRecord], now: Duration) {
@@ -459,7 +468,7 @@ impl Dependencies {
                     t.state,
                 );
                 let rate = finite_or(t.success_rate, 0.0).clamp(0.0, 1e9);
-                te.restored = (rate > 0.0).then_some((rate, second + config.window.as_secs()));
+                te.restored = (rate > 0.0).then_some((rate, second + RESTORED_HOLD_SECONDS));
                 e.tenants.push(te);
             }
             e.local = finite_or(record.allowance, limits.initial).clamp(limits.floor, limits.cap);

@@ -101,7 +101,7 @@ pub(super) struct TenantEntry {
     pub counters: DependencyCounters,
     /// A reported success rate restored after a restart, held until the
     /// second given: the window has not counted it, and its own lane must
-    /// not start empty for that.
+    /// not start empty for that (see [`TenantEntry::add_successes`]).
     pub restored: Option<(f64, u64)>,
     /// Why its last ask for a token was refused: the reason the retries
     /// waiting behind its line are told.
@@ -120,6 +120,17 @@ impl TenantEntry {
             counters: DependencyCounters::default(),
             restored: None,
             waiting_for: None,
+        }
+    }
+
+    /// Counts `n` reported or recorded successes at `now`. A rate restored
+    /// after a restart is held from then on only until the window, of
+    /// `window`, has counted the tenant's own reports for as long as it
+    /// spans.
+    pub fn add_successes(&mut self, now: Duration, n: u64, window: Duration) {
+        self.successes.add(now, n);
+        if let Some((_, until)) = &mut self.restored {
+            *until = (*until).min(now.as_secs().saturating_add(window.as_secs()));
         }
     }
 

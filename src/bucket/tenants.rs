@@ -79,8 +79,9 @@ pub(super) struct Tenants {
     /// Every entry; index 0 is the overflow entry.
     slots: Vec<Tenant>,
     /// Tracked tenant ids to their entry (the overflow entry is not here).
-    /// foldhash, as the activity locks: SipHash was a fifth of a token's
-    /// cost, and the table is bounded, whatever ids clients send.
+    /// foldhash, as the activity locks: every token looks its tenant up
+    /// here, and the table is bounded whatever ids clients send, so a fast
+    /// seeded hash is enough.
     index: HashMap<Arc<str>, u32, RandomState>,
     /// Backlogged entries, a min-heap on `next`.
     heap: Vec<u32>,

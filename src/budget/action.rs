@@ -124,7 +124,7 @@ pub fn next_action(budget: &Budget, class: ErrorClass) -> Action {
 /// the decision and returned with it.
 ///
 /// Every decision writes one, so the numbers go through `itoa` and the
-/// pieces are joined once (under half the instructions of `format!`).
+/// pieces are joined once into one buffer, without `format!`'s machinery.
 pub fn explain(action: Action, budget: &Budget) -> String {
     let mut a = itoa::Buffer::new();
     let mut b = itoa::Buffer::new();

@@ -20,8 +20,8 @@
 //!   starts a group at most every `commit_window`, so that more saves share
 //!   each fsync, or sooner once as many saves wait as recent groups
 //!   carried, or once the runtime runs out of work ([`RuntimeIdle`],
-//!   [`gate`]). `max_batch = 1` gives one fsync a decision, kept as a
-//!   benchmark baseline.
+//!   [`gate`]). `max_batch = 1` gives one fsync a decision, the reference
+//!   group commit is measured against.
 //! - When the segment reaches `segment_bytes`, or is older than
 //!   `segment_age`, the writer starts a new segment and freezes the active
 //!   set. The **checkpoint thread** ([`checkpoint`]) writes the frozen set to

@@ -40,10 +40,10 @@ const IDLE_COMMIT_MIN: usize = 32;
 /// [`RuntimeIdle::parking`]) and a clone to
 /// [`RedbStoreOptions::runtime_idle`](super::RedbStoreOptions::runtime_idle).
 ///
-/// At 128 streams, on a machine where a decision is cheap and the fsync is
-/// not, this made the server 0.92 to 0.94 busy instead of 0.78 and durable
-/// decisions 10 to 15% faster, in groups of 63 saves instead of 124; at 16
-/// and 32 streams nothing changed (durable `NextAction`, `benches/run.sh`).
+/// Where a decision is cheap and the fsync is not, many streams keep the
+/// runtime busy: starting the next group as soon as the runtime idles keeps
+/// the writer from waiting out a window the saves could have filled, and
+/// with few streams the runtime idles often, so nothing changes.
 #[derive(Clone, Default)]
 pub struct RuntimeIdle {
     gate: Arc<std::sync::Mutex<Weak<Gate>>>,

@@ -25,13 +25,12 @@ pub(super) fn snapshot(
 }
 
 /// How many records the checkpoint thread writes into redb, or frees, before
-/// it yields the core to whatever else is ready to run on it: about 0.2 ms
-/// of work on a 2-core VM. Without the yields it held the core for up to
-/// 4.6 ms at a time while requests waited; with them, at 128 streams, the
-/// p99 of a durable decision went from 5.4-5.5 ms to 3.8-4.2 ms and the
-/// server's idle time from 5.0% to 2.1% (durable `NextAction`, `benches/run.sh`). The price is
-/// memory: a checkpoint takes longer from start to end, and the saves made
-/// meanwhile wait in memory.
+/// it yields the core to whatever else is ready to run on it: a fraction of
+/// a millisecond of work. Without the yields a checkpoint holds a core for
+/// milliseconds at a time while requests wait behind it, which is what a
+/// durable decision's tail latency shows. The price is memory: a checkpoint
+/// takes longer from start to end, and the saves made meanwhile wait in
+/// memory.
 pub(super) const YIELD_EVERY: usize = 64;
 
 /// Called by the checkpoint thread after its `n`th record (from 0) written

@@ -24,7 +24,7 @@ import sys
 POLICIES = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default",
             "rb-default/no-reports", "rb-default/records-only", "rb-static100",
             "rb-ratio", "rb-static2", "rb-static5", "rb-low", "rb-static20", "rb-static40"]
-SCENARIOS = ["drop", "two-deps", "flaky", "drop10", "drop1000", "restart"]
+SCENARIOS = ["drop", "two-deps", "flaky", "drop10", "drop1000", "restart", "service-restart"]
 # The plot's lines: the sweep's other static rates would hide the rest.
 PLOTTED = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-static100",
            "rb-low", "rb-ratio"]
@@ -267,6 +267,39 @@ def plot(runs, path):
     fig.savefig(path, dpi=80)
 
 
+def margins(runs):
+    """Each retry-budget policy against no retries, seed by seed: how much
+    later the goodput is first back (`back`) and back to hold for 10 s
+    (`recovery_s`) than under `none` in the same scenario and seed; for
+    `flaky`, the share of activities done and the calls an activity."""
+    out = ["| scenario | policy | seeds | back - none s | held - none s | done | calls/activity |",
+           "|---|---|---|---|---|---|---|"]
+    for scenario in SCENARIOS:
+        rows = [r for r in runs if r["scenario"] == scenario]
+        none = {r["seed"]: r for r in rows if r["policy"] == "none"}
+        for policy in POLICIES:
+            rs = [r for r in rows if r["policy"] == policy and policy.startswith("rb-")]
+            if not rs:
+                continue
+            back, held = [], []
+            for r in rs:
+                base = none.get(r["seed"])
+                if base is None or scenario == "flaky":
+                    continue
+                b0, b1 = first_back(base), first_back(r)
+                back.append(None if b0 is None or b1 is None else b1 - b0)
+                h0, h1 = base["recovery_s"], r["recovery_s"]
+                held.append(None if h0 is None or h1 is None else h1 - h0)
+            never = lambda xs: "never" if xs and all(x is None for x in xs) else fmt(xs, 0)
+            out.append(f"| {scenario} | {policy} | {len(rs)} | {never(back)} | {never(held)} | "
+                       f"{fmt([r.get('succeeded_share') for r in rs], 1, pct=True)} | "
+                       f"{fmt([r.get('amplification') for r in rs], 2)} |")
+    commits = sorted({r.get("server_commit") for r in runs if r.get("server_commit")})
+    out.append("")
+    out.append(f"servers: {', '.join(commits) if commits else 'commit not recorded'}")
+    return "\n".join(out) + "\n"
+
+
 def sweep(directory):
     runs = load(directory)
     out = ["| C | policy | trigger | recovery s | back s | last 10 s/s | queue max / at end | calls/activity "
@@ -302,6 +335,8 @@ def main():
         text = answers_table(runs, scenario)
         if text:
             print(text)
+    print("### against no retries, seed by seed\n")
+    print(margins(runs))
     starved = [r for r in runs if r.get("starved")]
     print(f"{len(runs)} runs, {len(starved)} starved (lag p99 > 10 ms or max > 100 ms)")
     if args.plot:

@@ -10,6 +10,8 @@
 #     (rb-*/no-reports: workers that ask about failures only; /records-only:
 #     RecordSuccess but no traffic reports)
 #   OUT=benches/storm/results PLOT=docs/storm.png benches/storm/run.sh   # the committed lab
+#   CAPACITY=500 TIMEOUT=1 OUT=target/storm-robust SCENARIOS="drop flaky" benches/storm/run.sh
+#     (the robustness runs: another capacity and caller timeout)
 #
 # Results go to $OUT/runs/*.json (one run each; a run already there is not
 # run again, so an interrupted lab resumes), the table to $OUT/table.md, the
@@ -24,13 +26,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 SEEDS="${SEEDS:-1 2 3}"
-SCENARIOS="${SCENARIOS:-drop two-deps flaky drop10 drop1000 restart}"
+SCENARIOS="${SCENARIOS:-drop two-deps flaky drop10 drop1000 restart service-restart}"
 # rb-default is the adaptive per-dependency budget (the default since issue
 # #52), rb-static100 the default before it; rb-static2 to rb-static40, with
 # rb-low (10), sweep the static global rate.
 POLICIES="${POLICIES:-none naive backoff aws grpc finagle rb-default rb-static100 rb-ratio rb-static2 rb-static5 rb-low rb-static20 rb-static40}"
 PARALLEL="${PARALLEL:-2}"
 CAPACITY="${CAPACITY:-200}"
+# The caller's timeout T in seconds (the scenarios' 2 s unless set).
+TIMEOUT="${TIMEOUT:-}"
 TARGET="${CARGO_TARGET_DIR:-target}"
 OUT="${OUT:-$TARGET/storm}"
 PLOT="${PLOT:-$OUT/storm.png}"
@@ -54,7 +58,7 @@ echo "storm lab: ${#jobs[@]} runs, $PARALLEL at a time"
 
 if [ "${#jobs[@]}" -gt 0 ]; then
   printf '%s\n' "${jobs[@]}" | xargs -P "$PARALLEL" -L 1 sh -c '
-    target=$1 out=$2 capacity=$3 seed=$4 scenario=$5 policy=$6
+    target=$1 out=$2 capacity=$3 timeout=$4 seed=$5 scenario=$6 policy=$7
     run="$out/runs/$scenario-$(echo "$policy" | tr / @)-$seed.json"
     # POLICY/no-reports and POLICY/records-only: what the workers tell the
     # service besides their failures (run.rs, Reports).
@@ -64,13 +68,14 @@ if [ "${#jobs[@]}" -gt 0 ]; then
       *) reports=all ;;
     esac
     if "$target/release/retry-budget-storm" --seed "$seed" --scenario "$scenario" \
-        --policy "${policy%%/*}" --reports "$reports" --capacity "$capacity" >"$run.tmp"; then
+        --policy "${policy%%/*}" --reports "$reports" --capacity "$capacity" \
+        ${timeout:+--timeout "$timeout"} >"$run.tmp"; then
       mv "$run.tmp" "$run"
       echo "done $scenario $policy seed $seed"
     else
       echo "FAILED $scenario $policy seed $seed" >&2
       rm -f "$run.tmp"
-    fi' storm "$TARGET" "$OUT" "$CAPACITY" || true
+    fi' storm "$TARGET" "$OUT" "$CAPACITY" "$TIMEOUT" || true
 fi
 
 # The plot needs matplotlib: python3's if it has it, else a virtual

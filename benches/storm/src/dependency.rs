@@ -3,7 +3,8 @@
 //!
 //! Overload makes latency grow; a caller gives up after T, but its request
 //! stays queued and is served anyway (wasted work, counted when it is
-//! served). Because the queue is FIFO and every slot is taken by the
+//! served). Where the setup caps the queue, a call past the cap fails at
+//! once, as does every call while the capacity is 0 (down). Because the queue is FIFO and every slot is taken by the
 //! earliest request waiting, a request's start and end are known when it
 //! arrives: the model keeps each slot's next free time and needs no task.
 
@@ -25,6 +26,8 @@ pub enum Outcome {
     Failed,
     /// Not served within T: the caller gave up.
     TimedOut,
+    /// Refused at once: the queue was full, or the dependency down.
+    Refused,
 }
 
 /// The shared dependency model.
@@ -72,8 +75,10 @@ impl Dependency {
     /// policy sees the same failures).
     pub async fn call(&self, fails: bool) -> Outcome {
         let now = Instant::now();
-        let done = self.enqueue(now);
         self.recorder.call(self.which, self.seconds(now));
+        let Some(done) = self.enqueue(now) else {
+            return Outcome::Refused;
+        };
         let give_up = now + self.setup.timeout;
         if done <= give_up {
             tokio::time::sleep_until(done).await;
@@ -97,12 +102,25 @@ impl Dependency {
         state.waiting.len()
     }
 
-    /// Puts a request on the earliest free slot; returns when it is served.
-    fn enqueue(&self, now: Instant) -> Instant {
+    /// Puts a request on the earliest free slot; returns when it is served,
+    /// or `None` when it is refused (the dependency down, or its queue at
+    /// the cap).
+    fn enqueue(&self, now: Instant) -> Option<Instant> {
+        if self.setup.capacity_at(self.which, self.seconds(now)) <= 0.0 {
+            return None;
+        }
         let mut state = self
             .state
             .lock()
             .expect("the dependency's lock is never poisoned");
+        if let Some(cap) = self.setup.queue_cap {
+            while state.waiting.front().is_some_and(|&start| start <= now) {
+                state.waiting.pop_front();
+            }
+            if state.waiting.len() >= cap {
+                return None;
+            }
+        }
         let (slot, &free) = state
             .free
             .iter()
@@ -110,14 +128,18 @@ impl Dependency {
             .min_by_key(|&(_, t)| *t)
             .expect("a dependency has at least one slot");
         let start = free.max(now);
-        let service =
-            self.setup.slots as f64 / self.setup.capacity_at(self.which, self.seconds(start));
+        let capacity = self.setup.capacity_at(self.which, self.seconds(start));
+        if capacity <= 0.0 {
+            // Down when its turn would come: refused as well.
+            return None;
+        }
+        let service = self.setup.slots as f64 / capacity;
         let done = start + Duration::from_secs_f64(service);
         state.free[slot] = done;
         if start > now {
             state.waiting.push_back(start);
         }
-        done
+        Some(done)
     }
 
     /// Which of the run's dependencies this is.

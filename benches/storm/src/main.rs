@@ -20,6 +20,7 @@
 //! - `record`: per-second counters and the figures; `lag`: the lab's lag.
 #![forbid(unsafe_code)]
 
+mod backlog;
 mod dependency;
 mod lag;
 mod policy;
@@ -65,6 +66,9 @@ struct Args {
     /// Override the trigger's length in seconds.
     #[arg(long)]
     trigger_seconds: Option<f64>,
+    /// Override the caller's timeout T in seconds (the scenarios' is 2).
+    #[arg(long)]
+    timeout: Option<f64>,
     /// What the workers tell the service besides their failures (the
     /// service's policies; a run not `all` is named `POLICY/REPORTS`).
     #[arg(long, value_enum, default_value_t = Reports::All)]
@@ -135,6 +139,8 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     let mut timeline = if args.short {
         Timeline::SHORT
+    } else if args.scenario.long() {
+        Timeline::LONG
     } else {
         Timeline::FULL
     };
@@ -142,6 +148,9 @@ async fn main() -> ExitCode {
         timeline.trigger = seconds;
     }
     let mut setup = Setup::new(args.scenario, args.capacity, timeline, args.seed);
+    if let Some(seconds) = args.timeout {
+        setup.timeout = std::time::Duration::from_secs_f64(seconds);
+    }
     if let Some(fraction) = args.trigger_capacity {
         setup.trigger_capacity = fraction;
     }
@@ -191,6 +200,11 @@ async fn main() -> ExitCode {
         "trigger_start": timeline.trigger_start(),
         "trigger_end": timeline.trigger_end(),
         "server_flags": config.map(|c| c.flags().join(" ")),
+        "server_commit": config.map(|_| commit()),
+        "service_outage": setup.service_outage.map(|o| json!({
+            "start": timeline.trigger_start() + o.into_trigger,
+            "down_s": o.down,
+        })),
     });
     let figures = run::run(setup, policy, reports).await;
     if let (Some(out), serde_json::Value::Object(figures)) = (out.as_object_mut(), figures) {
@@ -198,4 +212,32 @@ async fn main() -> ExitCode {
     }
     println!("{out}");
     ExitCode::SUCCESS
+}
+
+/// The commit of the checkout the lab runs in (the server it starts is
+/// built from it by run.sh), with `-dirty` when its sources differ from it.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".into();
+    };
+    match git(&[
+        "status",
+        "--porcelain",
+        "--",
+        "src",
+        "proto",
+        "migrations",
+        "Cargo.lock",
+    ]) {
+        Some(changes) if changes.is_empty() => head,
+        _ => format!("{head}-dirty"),
+    }
 }

@@ -27,6 +27,9 @@ impl Tenant {
     }
 }
 
+/// Both tenants.
+pub const TENANTS: [Tenant; 2] = [Tenant::Noisy, Tenant::Quiet];
+
 /// How an activity ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum End {
@@ -49,6 +52,36 @@ pub struct Activity {
     pub dependency: usize,
     /// How it ended.
     pub end: End,
+    /// When it ended (succeeded or given up), seconds into the run.
+    pub ended: Option<f64>,
+    /// Its first deferral by the service, of any attempt.
+    pub first_deferred: Option<f64>,
+    /// When the attempt now waiting for the service's token was first
+    /// deferred; cleared when it is granted or stopped.
+    pub waiting: Option<f64>,
+    /// The attempt that was waiting at the trigger's end: when it was first
+    /// deferred, and when it was granted (`None`: not within the run).
+    pub waiting_at_return: Option<(f64, Option<f64>)>,
+    /// The longest wait of any of its deferred attempts counted from the
+    /// trigger's end (or from its deferral, if later) until its grant.
+    pub longest_wait: f64,
+}
+
+impl Activity {
+    /// One arrived at `arrived`, not ended.
+    pub fn new(arrived: f64, tenant: Tenant, dependency: usize) -> Self {
+        Self {
+            arrived,
+            tenant,
+            dependency,
+            end: End::Pending,
+            ended: None,
+            first_deferred: None,
+            waiting: None,
+            waiting_at_return: None,
+            longest_wait: 0.0,
+        }
+    }
 }
 
 /// One dependency's counters per whole second, and what the service said
@@ -64,8 +97,11 @@ pub struct Series {
     /// The longest queue seen in each second (sampled every 10 ms).
     pub queue: Vec<u32>,
     /// The retries a second the retry-budget server allowed this dependency
-    /// in each second, as its last traffic report that second answered.
+    /// in each second, as the noisy tenant's last traffic report that
+    /// second was answered (its share of the dependency's allowance and its
+    /// own lane), and the quiet tenant's.
     pub allowed_rate: Vec<Option<f64>>,
+    pub allowed_rate_quiet: Vec<Option<f64>>,
     /// The retry-budget server's deferrals of this dependency's retries, by
     /// `defer_reason`: whose budget ran out.
     pub deferrals: BTreeMap<String, u32>,
@@ -82,6 +118,7 @@ impl Series {
             goodput: vec![0; seconds],
             queue: vec![0; seconds],
             allowed_rate: vec![None; seconds],
+            allowed_rate_quiet: vec![None; seconds],
             ..Self::default()
         }
     }
@@ -106,18 +143,26 @@ pub struct Tallies {
 pub struct Recorder {
     /// Behind one lock: the lab runs on one thread, so it is never contended.
     tallies: Mutex<Tallies>,
+    /// The trigger's end, seconds into the run: the waits after it.
+    trigger_end: f64,
 }
 
 impl Recorder {
     /// Counters for a run of `seconds` whole seconds, `dependencies`
     /// dependencies and these activities.
-    pub fn new(seconds: usize, dependencies: usize, activities: Vec<Activity>) -> Self {
+    pub fn new(
+        seconds: usize,
+        dependencies: usize,
+        activities: Vec<Activity>,
+        trigger_end: f64,
+    ) -> Self {
         Self {
             tallies: Mutex::new(Tallies {
                 dependencies: (0..dependencies).map(|_| Series::new(seconds)).collect(),
                 activities,
                 ..Tallies::default()
             }),
+            trigger_end,
         }
     }
 
@@ -148,26 +193,51 @@ impl Recorder {
         });
     }
 
-    /// The service said at `t` that dependency `which` may take `rate`
-    /// retries a second.
-    pub fn pace(&self, which: usize, t: f64, rate: f64) {
+    /// The service told `tenant` at `t` that it may take `rate` retries a
+    /// second of dependency `which`.
+    pub fn pace(&self, which: usize, tenant: Tenant, t: f64, rate: f64) {
         self.with(|x| {
+            let series = &mut x.dependencies[which];
+            let series = match tenant {
+                Tenant::Noisy => &mut series.allowed_rate,
+                Tenant::Quiet => &mut series.allowed_rate_quiet,
+            };
             if t >= 0.0
-                && let Some(slot) = x.dependencies[which].allowed_rate.get_mut(t as usize)
+                && let Some(slot) = series.get_mut(t as usize)
             {
                 *slot = Some(rate);
             }
         });
     }
 
-    /// Activity `index` ended.
-    pub fn end(&self, index: usize, end: End) {
+    /// Activity `index` ended at `t`.
+    pub fn end(&self, index: usize, end: End, t: f64) {
         self.with(|x| {
             let which = x.activities[index].dependency;
             if let End::Succeeded(t) = end {
                 bump(&mut x.dependencies[which].goodput, t);
             }
-            x.activities[index].end = end;
+            let activity = &mut x.activities[index];
+            activity.end = end;
+            activity.ended = Some(t);
+            activity.waiting = None;
+        });
+    }
+
+    /// The service granted activity `index` a retry at `t`: if the attempt
+    /// had been deferred, its wait ends.
+    pub fn granted(&self, index: usize, t: f64) {
+        let back = self.trigger_end;
+        self.with(|x| {
+            let activity = &mut x.activities[index];
+            if let Some(since) = activity.waiting.take() {
+                if since < back && t >= back {
+                    activity.waiting_at_return = Some((since, Some(t)));
+                }
+                if t >= back {
+                    activity.longest_wait = activity.longest_wait.max(t - since.max(back));
+                }
+            }
         });
     }
 
@@ -176,10 +246,13 @@ impl Recorder {
         self.with(|x| x.service_errors += 1);
     }
 
-    /// The retry-budget server deferred a retry of dependency `which`, for
-    /// `reason`.
-    pub fn deferral(&self, which: usize, reason: &str) {
+    /// The retry-budget server deferred a retry of activity `index`, of
+    /// dependency `which`, at `t`, for `reason`.
+    pub fn deferral(&self, index: usize, which: usize, t: f64, reason: &str) {
         self.with(|x| {
+            let activity = &mut x.activities[index];
+            activity.first_deferred.get_or_insert(t);
+            activity.waiting.get_or_insert(t);
             x.deferrals += 1;
             *x.dependencies[which]
                 .deferrals
@@ -199,9 +272,20 @@ impl Recorder {
         });
     }
 
-    /// A copy of the counters so far.
-    pub fn snapshot(&self) -> Tallies {
-        self.with(|x| x.clone())
+    /// A copy of the counters so far, at `t`: the attempts still waiting
+    /// then that were waiting at the trigger's end are marked so.
+    pub fn snapshot(&self, t: f64) -> Tallies {
+        let back = self.trigger_end;
+        let mut tallies = self.with(|x| x.clone());
+        for activity in &mut tallies.activities {
+            if let Some(since) = activity.waiting {
+                if since < back {
+                    activity.waiting_at_return = Some((since, None));
+                }
+                activity.longest_wait = activity.longest_wait.max(t - since.max(back));
+            }
+        }
+        tallies
     }
 }
 
@@ -287,6 +371,9 @@ pub fn summarize(tallies: &Tallies, setup: &Setup) -> Value {
         if setup.healthy.is_some() {
             out.insert("healthy".into(), figures(tallies, setup, B));
         }
+        if setup.backlog {
+            out.insert("backlog".into(), crate::backlog::figures(tallies, setup));
+        }
     }
     out
 }
@@ -350,6 +437,7 @@ fn figures(tallies: &Tallies, setup: &Setup, which: usize) -> Value {
             "queue": series.queue,
             "wasted": series.wasted,
             "allowed_rate": series.allowed_rate,
+            "allowed_rate_quiet": series.allowed_rate_quiet,
         },
     })
 }
@@ -385,10 +473,8 @@ mod tests {
     #[test]
     fn shares_count_only_the_window_and_tenant() {
         let a = |arrived, tenant, end| Activity {
-            arrived,
-            tenant,
-            dependency: A,
             end,
+            ..Activity::new(arrived, tenant, A)
         };
         let acts = [
             a(1.0, Tenant::Noisy, End::Succeeded(1.5)),

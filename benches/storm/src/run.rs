@@ -12,10 +12,14 @@ use tokio::time::Instant;
 
 use crate::dependency::{Dependency, Outcome};
 use crate::policy::{ClientPolicy, Failure, Rule};
-use crate::record::{Activity, End, Recorder, Tenant};
+use crate::record::{Activity, End, Recorder, TENANTS, Tenant};
 use crate::service::{Decision, Server, Traffic};
 use crate::setup::{A, B, Setup};
 
+/// Mixed into an activity's seed for the backoff of its calls to the
+/// service when they fail (`service-restart`), so that drawing it leaves
+/// the activity's own draws as they are.
+const SERVICE_RETRY_STREAM: u64 = 0x5e7_1ce;
 /// Mixed into the seed for the restart times, so that drawing them leaves
 /// the arrivals as they are in the scenarios without restarts.
 const RESTART_STREAM: u64 = 0x7265_7374_6172_7473;
@@ -101,8 +105,14 @@ impl Lab {
             .expect("a client's lock is never poisoned")
     }
 
-    fn traffic(&self, worker: usize, dependency: usize) -> std::sync::MutexGuard<'_, Traffic> {
-        self.traffic[worker * self.dependencies.len() + dependency]
+    fn traffic(
+        &self,
+        worker: usize,
+        tenant: Tenant,
+        dependency: usize,
+    ) -> std::sync::MutexGuard<'_, Traffic> {
+        self.traffic
+            [(worker * TENANTS.len() + tenant as usize) * self.dependencies.len() + dependency]
             .lock()
             .expect("a traffic count's lock is never poisoned")
     }
@@ -164,13 +174,9 @@ pub async fn run(setup: Setup, policy: Policy, reports: Reports) -> Value {
         setup.dependencies(),
         arrivals
             .iter()
-            .map(|a| Activity {
-                arrived: a.at,
-                tenant: a.tenant,
-                dependency: a.dependency,
-                end: End::Pending,
-            })
+            .map(|a| Activity::new(a.at, a.tenant, a.dependency))
             .collect(),
+        tl.trigger_end(),
     ));
     let rule = match &policy {
         Policy::Client(rule) => *rule,
@@ -190,7 +196,9 @@ pub async fn run(setup: Setup, policy: Policy, reports: Reports) -> Value {
         clients: (0..clients)
             .map(|_| Mutex::new(ClientPolicy::new(rule)))
             .collect(),
-        traffic: (0..clients).map(|_| Mutex::default()).collect(),
+        traffic: (0..clients * TENANTS.len())
+            .map(|_| Mutex::default())
+            .collect(),
         policy,
         reports,
     });
@@ -209,6 +217,19 @@ pub async fn run(setup: Setup, policy: Policy, reports: Reports) -> Value {
                 }
             });
         }
+    }
+
+    if let (Policy::Service(_), Some(outage)) = (&lab.policy, setup.service_outage) {
+        let lab = lab.clone();
+        tokio::spawn(async move {
+            let at = tl.trigger_start() + outage.into_trigger;
+            tokio::time::sleep_until(lab.origin + Duration::from_secs_f64(at)).await;
+            if let Policy::Service(server) = &lab.policy
+                && let Err(error) = server.restart(Duration::from_secs_f64(outage.down)).await
+            {
+                eprintln!("retry-budget-storm: the service's restart: {error}");
+            }
+        });
     }
 
     if let (Policy::Service(_), Reports::All) = (&lab.policy, reports) {
@@ -235,7 +256,7 @@ pub async fn run(setup: Setup, policy: Policy, reports: Reports) -> Value {
     let end = origin + Duration::from_secs_f64(tl.end());
     let mut late = crate::lag::measure(origin, end, dependencies, recorder.clone()).await;
     driver.abort();
-    let tallies = recorder.snapshot();
+    let tallies = recorder.snapshot(tl.end());
     let mut out = crate::record::summarize(&tallies, &setup);
     let lag = crate::lag::summarize(&mut late);
     merge(&mut out, lag);
@@ -255,35 +276,43 @@ async fn report_traffic(lab: Arc<Lab>, worker: usize, phase: Duration) {
     while next < end {
         tokio::time::sleep_until(next).await;
         next += TRAFFIC_INTERVAL;
-        let counts: Vec<_> = (0..lab.dependencies.len())
-            .map(|d| (d, std::mem::take(&mut *lab.traffic(worker, d))))
-            .filter(|(_, t)| t.calls > 0)
-            .collect();
-        if counts.is_empty() {
-            continue;
+        for tenant in TENANTS {
+            report_of(&lab, server, worker, tenant).await;
         }
-        let report = counts
-            .iter()
-            .map(|&(d, t)| (lab.setup.dependency_name(d), t));
-        match server.report_traffic(report).await {
-            Ok(paces) => {
-                let t = lab.seconds(Instant::now());
-                for (name, rate) in paces {
-                    if let Some(which) = lab.which(&name) {
-                        lab.recorder.pace(which, t, rate);
-                    }
+    }
+}
+
+/// One report of `worker`'s calls for `tenant` (a worker runs activities
+/// of both tenants, as a client per tenant would, each reporting its own).
+async fn report_of(lab: &Lab, server: &Server, worker: usize, tenant: Tenant) {
+    let counts: Vec<_> = (0..lab.dependencies.len())
+        .map(|d| (d, std::mem::take(&mut *lab.traffic(worker, tenant, d))))
+        .filter(|(_, t)| t.calls > 0)
+        .collect();
+    if counts.is_empty() {
+        return;
+    }
+    let report = counts
+        .iter()
+        .map(|&(d, t)| (lab.setup.dependency_name(d), t));
+    match server.report_traffic(tenant.id(), report).await {
+        Ok(paces) => {
+            let t = lab.seconds(Instant::now());
+            for (name, rate) in paces {
+                if let Some(which) = lab.which(&name) {
+                    lab.recorder.pace(which, tenant, t, rate);
                 }
             }
-            Err(_) => {
-                // The clients keep the counts for the next report.
-                for (d, t) in counts {
-                    let mut kept = lab.traffic(worker, d);
-                    kept.calls += t.calls;
-                    kept.successes += t.successes;
-                    kept.failures += t.failures;
-                }
-                lab.recorder.service_error();
+        }
+        Err(_) => {
+            // The clients keep the counts for the next report.
+            for (d, t) in counts {
+                let mut kept = lab.traffic(worker, tenant, d);
+                kept.calls += t.calls;
+                kept.successes += t.successes;
+                kept.failures += t.failures;
             }
+            lab.recorder.service_error();
         }
     }
 }
@@ -319,7 +348,7 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
         if let Policy::Service(_) = lab.policy {
             // Counted as the clients count a call: a success is sent with
             // RecordSuccess below, which counts it, so here only the call.
-            let mut traffic = lab.traffic(arrival.worker, which);
+            let mut traffic = lab.traffic(arrival.worker, arrival.tenant, which);
             traffic.calls += 1;
             if outcome != Outcome::Ok {
                 traffic.failures += 1;
@@ -329,14 +358,15 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
             match &lab.policy {
                 Policy::Client(_) => lab.client(arrival.worker, which).on_success(last_cost),
                 Policy::Service(server) => {
-                    lab.recorder.end(index, End::Succeeded(lab.seconds(now)));
-                    if lab.reports != Reports::None
-                        && server
-                            .record_success(arrival.tenant.id(), dependency, &activity_id)
-                            .await
-                            .is_err()
-                    {
-                        lab.recorder.service_error();
+                    lab.recorder
+                        .end(index, End::Succeeded(lab.seconds(now)), lab.seconds(now));
+                    if lab.reports != Reports::None {
+                        // Recorded before the activity's deadline, or not at all.
+                        let mut jitter = StdRng::seed_from_u64(arrival.seed ^ SERVICE_RETRY_STREAM);
+                        let _ = persist(&lab, &mut jitter, deadline, || {
+                            server.record_success(arrival.tenant.id(), dependency, &activity_id)
+                        })
+                        .await;
                     }
                     return;
                 }
@@ -362,7 +392,17 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
                 }
             }
             Policy::Service(server) => {
-                match ask(&lab, server, &arrival, &activity_id, attempt, deadline).await {
+                match ask(
+                    &lab,
+                    server,
+                    index,
+                    &arrival,
+                    &activity_id,
+                    attempt,
+                    deadline,
+                )
+                .await
+                {
                     Some(wake) => wake,
                     None => break End::Failed,
                 }
@@ -378,7 +418,7 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
         tokio::time::sleep_until(wake).await;
         attempt += 1;
     };
-    lab.recorder.end(index, end);
+    lab.recorder.end(index, end, lab.seconds(Instant::now()));
 }
 
 /// Steps 1 and 2 of the README's worker loop for a failed attempt: report
@@ -387,16 +427,19 @@ async fn activity(lab: Arc<Lab>, index: usize, arrival: Arrival) {
 async fn ask(
     lab: &Lab,
     server: &Server,
+    index: usize,
     arrival: &Arrival,
     activity_id: &str,
     attempt: u32,
     deadline: Instant,
 ) -> Option<Instant> {
     let failed_at = SystemTime::now();
+    let mut jitter =
+        StdRng::seed_from_u64(arrival.seed ^ SERVICE_RETRY_STREAM ^ u64::from(attempt));
     loop {
         let which = arrival.dependency;
-        let decision = server
-            .next_action(
+        let decision = persist(lab, &mut jitter, deadline, || {
+            server.next_action(
                 arrival.tenant.id(),
                 lab.setup.dependency_name(which),
                 activity_id,
@@ -405,11 +448,16 @@ async fn ask(
                 lab.setup.max_attempts,
                 lab.setup.deadline,
             )
-            .await;
+        })
+        .await;
         match decision {
-            Ok(Decision::Retry(at)) => return Some(instant(at)),
+            Ok(Decision::Retry(at)) => {
+                lab.recorder.granted(index, lab.seconds(Instant::now()));
+                return Some(instant(at));
+            }
             Ok(Decision::Deferred(at, reason)) => {
-                lab.recorder.deferral(which, &reason);
+                let now = lab.seconds(Instant::now());
+                lab.recorder.deferral(index, which, now, &reason);
                 if instant(at) >= deadline {
                     lab.recorder.stop(which, LAB_DEADLINE);
                     return None;
@@ -420,9 +468,40 @@ async fn ask(
                 lab.recorder.stop(which, &code);
                 return None;
             }
+            // Unreachable past the activity's deadline.
+            Err(()) => {
+                lab.recorder.stop(which, LAB_DEADLINE);
+                return None;
+            }
+        }
+    }
+}
+
+/// A call to the service, retried as a worker retries any call to a
+/// service: on an error, again after a full-jitter backoff of 100 ms
+/// doubling to 1 s, until `give_up`. Each error counts as a service error.
+async fn persist<T, F, Fut>(
+    lab: &Lab,
+    jitter: &mut StdRng,
+    give_up: Instant,
+    mut call: F,
+) -> Result<T, ()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut cap = Duration::from_millis(100);
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer),
             Err(_) => {
                 lab.recorder.service_error();
-                return None;
+                let pause = cap.mul_f64(jitter.random::<f64>());
+                if Instant::now() + pause >= give_up {
+                    return Err(());
+                }
+                tokio::time::sleep(pause).await;
+                cap = (cap * 2).min(Duration::from_secs(1));
             }
         }
     }

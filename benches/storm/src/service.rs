@@ -2,7 +2,7 @@
 //! port with a temporary data directory and the flags of the configuration
 //! measured, and the two calls of the README's worker loop.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
@@ -18,10 +18,11 @@ const GLOBAL_ONLY: [&str; 2] = ["--dependency-rate", "1000000"];
 /// The configurations a user could choose (docs/storm.md, "Policies").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Config {
-    /// The defaults, no flags: since issue #52 an adaptive budget per
-    /// dependency (a tenth of its successes a second over 5 s, a floor of 1
-    /// a second, no ceiling), nested in the global 100 tokens a second,
-    /// burst 100.
+    /// The defaults, no flags: an adaptive budget per dependency, paced by
+    /// what the service sees of it (fresh failures against its recent
+    /// rate, the fate of the retries it granted) with a lane earned by
+    /// reported successes (docs/fairness.md), nested in the global 100
+    /// tokens a second, burst 100.
     Default,
     /// The default before issue #52: the global 100 tokens a second, burst
     /// 100, and nothing per dependency.
@@ -79,12 +80,16 @@ impl Config {
 /// A retry-budget server process; killed when dropped.
 #[derive(Debug)]
 pub struct Server {
-    /// The process, held only to be killed when the run's state is dropped
-    /// (`kill_on_drop`).
-    _child: tokio::process::Child,
+    /// The process (`kill_on_drop`), replaced by [`Server::restart`].
+    /// Declared before `data`, so it is killed before its directory goes.
+    child: tokio::sync::Mutex<tokio::process::Child>,
     /// Its data directory, removed when dropped, after the process.
-    _data: tempfile::TempDir,
-    /// A client on one HTTP/2 connection, cloned for each call.
+    data: tempfile::TempDir,
+    binary: PathBuf,
+    config: Config,
+    listen: String,
+    /// A client on one HTTP/2 connection, cloned for each call; it connects
+    /// again by itself after a restart.
     client: RetryBudgetClient<Channel>,
 }
 
@@ -124,6 +129,29 @@ fn policy(max_attempts: u32, deadline: Duration) -> pb::Policy {
     }
 }
 
+/// The server process: `binary serve` on `listen` and `data`, with
+/// `config`'s flags.
+fn spawn(
+    binary: &Path,
+    config: Config,
+    listen: &str,
+    data: &Path,
+) -> Result<tokio::process::Child, String> {
+    tokio::process::Command::new(binary)
+        .arg("serve")
+        .args(["--listen", listen])
+        .arg("--data-dir")
+        .arg(data)
+        .args(config.flags())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", binary.display()))
+}
+
 impl Server {
     /// Starts `binary` with `config`'s flags and waits until it answers.
     ///
@@ -136,19 +164,7 @@ impl Server {
             .map_err(|e| format!("free port: {e}"))?
             .port();
         let listen = format!("127.0.0.1:{port}");
-        let child = tokio::process::Command::new(binary)
-            .arg("serve")
-            .args(["--listen", &listen])
-            .arg("--data-dir")
-            .arg(data.path())
-            .args(config.flags())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("{}: {e}", binary.display()))?;
+        let child = spawn(binary, config, &listen, data.path())?;
         let endpoint = Channel::from_shared(format!("http://{listen}"))
             .map_err(|e| format!("endpoint: {e}"))?;
         let started = tokio::time::Instant::now();
@@ -162,8 +178,11 @@ impl Server {
                 };
                 if client.retry_delay(probe).await.is_ok() {
                     return Ok(Self {
-                        _child: child,
-                        _data: data,
+                        child: tokio::sync::Mutex::new(child),
+                        data,
+                        binary: binary.to_owned(),
+                        config,
+                        listen,
                         client,
                     });
                 }
@@ -173,6 +192,19 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Kills the server (SIGKILL: nothing drained, nothing saved at exit),
+    /// and after `down` starts it again on the same port and data.
+    ///
+    /// # Errors
+    /// When the process cannot be killed or started.
+    pub async fn restart(&self, down: Duration) -> Result<(), String> {
+        let mut child = self.child.lock().await;
+        child.kill().await.map_err(|e| format!("kill: {e}"))?;
+        tokio::time::sleep(down).await;
+        *child = spawn(&self.binary, self.config, &self.listen, self.data.path())?;
+        Ok(())
     }
 
     /// Step 1 of the worker loop: `NextAction` in its durable form, the
@@ -247,8 +279,9 @@ impl Server {
         Ok(())
     }
 
-    /// A worker's traffic report, as the Python and Node clients send one
-    /// about once a second: its calls to each dependency since the last.
+    /// A worker's traffic report for `tenant`, as the Python and Node
+    /// clients send one about once a second: its calls to each dependency
+    /// since the last.
     /// Returns each dependency's name and the retries a second it may take
     /// now (the service's `DependencyPace`).
     ///
@@ -256,9 +289,10 @@ impl Server {
     /// The call's status, when it fails.
     pub async fn report_traffic(
         &self,
+        tenant: &str,
         traffic: impl IntoIterator<Item = (&str, Traffic)>,
     ) -> Result<Vec<(String, f64)>, tonic::Status> {
-        let request = pb::ReportTrafficRequest {
+        let mut request = tonic::Request::new(pb::ReportTrafficRequest {
             dependencies: traffic
                 .into_iter()
                 .map(|(dependency, t)| pb::DependencyTraffic {
@@ -268,7 +302,13 @@ impl Server {
                     failures: t.failures,
                 })
                 .collect(),
-        };
+        });
+        request.metadata_mut().insert(
+            retry_budget::grpc::TENANT_HEADER,
+            tenant
+                .parse()
+                .map_err(|_| tonic::Status::internal("tenant"))?,
+        );
         let answer = self.client.clone().report_traffic(request).await?;
         Ok(answer
             .into_inner()

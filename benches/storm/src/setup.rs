@@ -28,6 +28,14 @@ impl Timeline {
         trigger: 10.0,
         after: 45.0,
     };
+    /// `long-outage`'s: 60 s of outage, and 240 s after it, enough for the
+    /// backlog to drain at the spare capacity with room to see it late.
+    pub const LONG: Self = Self {
+        warmup: 5.0,
+        before: 10.0,
+        trigger: 60.0,
+        after: 240.0,
+    };
     /// CI's short run: the same story in 31 s.
     pub const SHORT: Self = Self {
         warmup: 2.0,
@@ -72,6 +80,19 @@ pub enum Scenario {
     /// The drop, every worker restarting once during it (per-client state
     /// starts full again).
     Restart,
+    /// The drop, the retry-budget service killed 3 s into the trigger and
+    /// started again 3 s later on the same data; its workers retry their
+    /// calls to it with backoff meanwhile. The policies without the service
+    /// run the drop.
+    ServiceRestart,
+    /// Issue #60's: the dependency at C/3 for 60 s, its queue capped at
+    /// C x T (a call past it fails at once, as a full accept queue does),
+    /// rho 0.7 and deadlines of 10 minutes; the backlog the outage leaves
+    /// and how it drains (`backlog` in a run's figures).
+    LongOutage,
+    /// `long-outage` with the dependency fully down: every call during the
+    /// outage fails at once (UNAVAILABLE).
+    LongOutageDown,
     /// Two dependencies (issue #52): A is the drop's, B a healthy one of its
     /// own capacity beside it, called by the same workers. B fails a few
     /// calls at random, so that it needs a few retries that a budget could
@@ -91,6 +112,16 @@ pub struct Healthy {
     /// Probability that a served call to B fails anyway: a healthy
     /// dependency's usual transient errors, which its retries repair.
     pub fail_probability: f64,
+}
+
+/// The service down for a while: killed (SIGKILL, nothing drained) and
+/// started again on the same data directory and port.
+#[derive(Debug, Clone, Copy)]
+pub struct Outage {
+    /// When it is killed, in seconds after the trigger starts.
+    pub into_trigger: f64,
+    /// How long it stays down, in seconds.
+    pub down: f64,
 }
 
 /// The dependency the trigger hits: the only one, or A in `two-deps`.
@@ -123,12 +154,27 @@ pub struct Setup {
     pub fail_probability: f64,
     /// Every worker restarts once at a random time during the trigger.
     pub restart: bool,
+    /// The service's outage (`service-restart`).
+    pub service_outage: Option<Outage>,
+    /// Requests the dependency queues at most; a call past them fails at
+    /// once. `None`: unbounded, the callers' timeouts the only limit.
+    pub queue_cap: Option<usize>,
+    /// Measure the backlog the outage leaves and how it drains (the long
+    /// outages).
+    pub backlog: bool,
     /// A second dependency beside the one the trigger hits (`two-deps`).
     pub healthy: Option<Healthy>,
     /// The phases.
     pub timeline: Timeline,
     /// Seeds arrivals, tenants, workers, jitter, failures and restarts.
     pub seed: u64,
+}
+
+impl Scenario {
+    /// Whether this is one of the long outages (their own timeline).
+    pub fn long(self) -> bool {
+        matches!(self, Scenario::LongOutage | Scenario::LongOutageDown)
+    }
 }
 
 impl Setup {
@@ -146,6 +192,9 @@ impl Setup {
             trigger_capacity: 1.0 / 3.0,
             fail_probability: 0.0,
             restart: false,
+            service_outage: None,
+            queue_cap: None,
+            backlog: false,
             healthy: None,
             timeline,
             seed,
@@ -168,6 +217,28 @@ impl Setup {
             },
             Scenario::Restart => Self {
                 restart: true,
+                ..main
+            },
+            // rho 0.7: C - load = 0.3 C of spare capacity drains the backlog
+            // of the outage within the run (its physical limit, about 80 s
+            // at C/3 and 140 s fully down, is well inside the 240 s after).
+            Scenario::LongOutage | Scenario::LongOutageDown => Self {
+                rho: 0.7,
+                deadline: Duration::from_secs(600),
+                queue_cap: Some((capacity * main.timeout.as_secs_f64()).round() as usize),
+                backlog: true,
+                trigger_capacity: if scenario == Scenario::LongOutageDown {
+                    0.0
+                } else {
+                    1.0 / 3.0
+                },
+                ..main
+            },
+            Scenario::ServiceRestart => Self {
+                service_outage: Some(Outage {
+                    into_trigger: 3.0,
+                    down: 3.0,
+                }),
                 ..main
             },
             // B: the same C as A, the flaky scenario's load (rho 0.6), 5% of

@@ -1,8 +1,8 @@
 //! CI's short storm: the lab's main scenario on a 31 s timeline at C = 100,
 //! asserting only what holds with a wide margin on a noisy 2-core machine:
 //! naive retries keep the dependency down after the trigger is gone, and
-//! retry-budget in its recommended configuration (the success-deposit ratio
-//! budget, docs/storm.md) recovers, at under 1.3 dependency calls an
+//! retry-budget at its defaults (no flags: the adaptive budget per
+//! dependency, docs/fairness.md) recovers, at under 1.3 dependency calls an
 //! activity. The full lab is a benchmark (`benches/storm/run.sh`), never a
 //! timed test.
 //!
@@ -69,14 +69,14 @@ fn storm(policy: &str, server: &PathBuf) -> Value {
 }
 
 #[test]
-fn naive_retries_stay_down_and_the_ratio_budget_recovers() {
+fn naive_retries_stay_down_and_the_default_budget_recovers() {
     let server = server_binary();
     // Both runs at once: CI waits for one run's 31 s, not two.
     let naive = {
         let server = server.clone();
         thread::spawn(move || storm("naive", &server))
     };
-    let budget = storm("rb-ratio", &server);
+    let budget = storm("rb-default", &server);
     let naive = naive.join().expect("the naive run finishes");
 
     let before = naive["goodput_before"].as_f64().expect("a baseline");
@@ -92,17 +92,19 @@ fn naive_retries_stay_down_and_the_ratio_budget_recovers() {
         "naive retries keep goodput down after the trigger: {last} of {before}"
     );
 
+    // Back: the last 10 s at 90% of the baseline or more (the 10 s hold of
+    // `recovery_s` may not fit in the short run's 20 s after the trigger).
+    let budget_last = budget["goodput_last10"].as_f64().expect("a tail");
     assert!(
-        budget["recovery_s"].is_number(),
-        "retry-budget (ratio) did not recover: last 10 s {}",
-        budget["goodput_last10"]
+        budget_last >= 0.9 * before,
+        "retry-budget at its defaults did not recover: last 10 s {budget_last} of {before}"
     );
     let amplification = budget["amplification"]
         .as_f64()
         .expect("calls per activity");
     assert!(
         amplification < 1.3,
-        "retry-budget (ratio) amplified load {amplification}x"
+        "retry-budget at its defaults amplified load {amplification}x"
     );
     assert_eq!(
         budget["service_errors"], 0,

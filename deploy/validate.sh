@@ -27,7 +27,11 @@
 #     (deploy/prometheus/fresh_series.py: a counter the tests start at 0
 #     must be exported at 0 from the start), then a real Prometheus scraping
 #     it, which must be up, and running every query of the dashboard and the
-#     rules (deploy/prometheus/scrape_check.py).
+#     rules (deploy/prometheus/scrape_check.py); before it scrapes, the
+#     server is asked about dependencies named as a careless or hostile
+#     client names them (one named `other`, more than the metrics show by
+#     name), and each of their series must be one series: Prometheus fails
+#     a whole scrape that writes a series twice.
 #     (`promtool check metrics` is not used: it reads only the classic text
 #     format, and the server writes OpenMetrics, with an info type.)
 # A missing haproxy, compose tool or promtool skips its checks, and says so.
@@ -146,7 +150,8 @@ else
     free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
     metrics_port=$(free_port)
     prom_port=$(free_port)
-    "$server" --listen 127.0.0.1:0 --data-dir "$scratch/data" --metrics-listen "127.0.0.1:$metrics_port" \
+    grpc_port=$(free_port)
+    "$server" --listen "127.0.0.1:$grpc_port" --data-dir "$scratch/data" --metrics-listen "127.0.0.1:$metrics_port" \
       --drain-delay 0s 2>"$scratch/server.log" &
     server_pid=$!
     # The alerts' unit tests, fed the first scrape of this fresh server.
@@ -172,10 +177,28 @@ else
       "rule_files: [$PWD/deploy/prometheus/retry-budget.rules.yaml]" \
       "scrape_configs: [{job_name: retry-budget, static_configs: [{targets: ['127.0.0.1:$metrics_port']}]}]" \
       >"$scratch/prometheus.yml"
+    # Dependencies as a hostile or careless client names them: one named
+    # `other`, and more than the metrics show by name (the rest are summed
+    # under "other dependencies"), each with a failure asked about. Each
+    # series must stay one series (a duplicate fails the whole scrape).
+    expected=""
+    if command -v grpcurl >/dev/null 2>&1; then
+      # `other` three times, so it is among the busiest, shown by name.
+      for name in other other other payments-api db cache search mail queue ledger; do
+        grpcurl -plaintext -max-time 5 -H 'x-tenant-id: validate' \
+          -d "{\"activity_id\": \"validate-$name-$RANDOM\", \"attempt\": 1, \"error_class\": \"ERROR_CLASS_TRANSIENT\", \"dependency\": \"$name\"}" \
+          "127.0.0.1:$grpc_port" retrybudget.v1.RetryBudget/NextAction >/dev/null
+      done
+      expected=$(printf '%s\n' 'retry_budget_dependency_allowed_rate{dependency="other"}' \
+        'retry_budget_dependency_retries_admitted_total{dependency="other"}' \
+        'retry_budget_dependency_retries_admitted_total{dependency="other dependencies"}')
+    else
+      echo "skip - a dependency named other in the scrape: grpcurl is missing"
+    fi
     prometheus --config.file="$scratch/prometheus.yml" --storage.tsdb.path="$scratch/tsdb" \
       --web.listen-address="127.0.0.1:$prom_port" >"$scratch/prometheus.log" 2>&1 &
     prom_pid=$!
-    if out=$(python3 deploy/prometheus/scrape_check.py "http://127.0.0.1:$prom_port" 2>&1); then
+    if out=$(SERIES_EXPECTED="$expected" python3 deploy/prometheus/scrape_check.py "http://127.0.0.1:$prom_port" 2>&1); then
       echo "$out"
       pass "Prometheus $version scrapes $server and runs the dashboard's and the rules' queries"
     else

@@ -4,7 +4,11 @@
     python3 deploy/prometheus/scrape_check.py PROMETHEUS_URL [DASHBOARD] [RULES]
 
 Waits (up to 30 s) for Prometheus at PROMETHEUS_URL to have scraped its one
-target, and fails unless the target is up (the scrape's error is printed).
+target, and fails unless the target is up (the scrape's error is printed:
+a series written twice, as a dependency named `other` once made, fails the
+scrape). With SERIES_EXPECTED set (one PromQL selector a line), each must
+match exactly one series: deploy/validate.sh names a dependency `other` and
+more dependencies than the metrics show by name.
 Then runs every query of the Grafana dashboard (its variables set to match
 anything, $__rate_interval to 1m) and every expression of the rules file
 through Prometheus' query API, and fails on any that Prometheus rejects.
@@ -12,6 +16,7 @@ deploy/validate.sh starts the server and Prometheus around it.
 """
 
 import json
+import os
 import sys
 import time
 import urllib.parse
@@ -58,6 +63,22 @@ def main(argv):
         problems.append(f"Prometheus cannot scrape {target['scrapeUrl']}: {target['lastError']}")
     else:
         print(f"scraped {target['scrapeUrl']}: up")
+
+    for selector in filter(None, os.environ.get("SERIES_EXPECTED", "").splitlines()):
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                found = get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": selector}))
+                count = len(found["data"]["result"])
+            except OSError:
+                count = 0
+            if count == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if count == 1:
+            print(f"one series: {selector}")
+        else:
+            problems.append(f"{count} series, not one: {selector}")
 
     exprs = []
     dash = json.loads(Path(dashboard).read_text())

@@ -25,6 +25,7 @@ POLICIES = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default",
             "rb-default/no-reports", "rb-default/records-only", "rb-static100",
             "rb-ratio", "rb-static2", "rb-static5", "rb-low", "rb-static20", "rb-static40"]
 SCENARIOS = ["drop", "two-deps", "flaky", "drop10", "drop1000", "restart", "service-restart"]
+LONG = ["long-outage", "long-outage-down"]
 # The plot's lines: the sweep's other static rates would hide the rest.
 PLOTTED = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-static100",
            "rb-low", "rb-ratio"]
@@ -267,6 +268,35 @@ def plot(runs, path):
     fig.savefig(path, dpi=80)
 
 
+def backlog_table(runs, scenario):
+    """The long outages: the backlog at the return of capacity and how it
+    drained (benches/storm/src/backlog.rs), per policy."""
+    rows = [r for r in runs if r["scenario"] == scenario and r.get("backlog")]
+    if not rows:
+        return ""
+    head = ["policy", "seeds", "backlog", "limit s", "drain s", "drain / limit", "done 60 s",
+            "done 180 s", "given up", "longest wait s", "out of order", "queue peak outage / after",
+            "outage arrivals succeeded", "calls/activity", "lag p99/max ms"]
+    out = [f"### {scenario}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for policy in POLICIES:
+        rs = [r for r in rows if r["policy"] == policy]
+        if not rs:
+            continue
+        b = lambda k: [r["backlog"].get(k) for r in rs]
+        drain = ["never" if d is None else f"{d:.0f}" for d in b("drain_s")]
+        order = [f"{r['backlog']['order_out_of_order']} of {r['backlog']['order_pairs']}" for r in rs]
+        cells = [policy, str(len(rs)), fmt(b("backlog"), 0), fmt(b("limit_s"), 0),
+                 "/".join(drain), fmt(b("drain_over_limit"), 2),
+                 fmt(b("done_60"), 1, pct=True), fmt(b("done_180"), 1, pct=True),
+                 fmt(b("given_up"), 0), fmt(b("longest_wait_s"), 0), "; ".join(order),
+                 f"{fmt(b('queue_peak_outage'), 0)} / {fmt(b('queue_max_after'), 0)}",
+                 fmt([r.get("succeeded_share_during") for r in rs], 1, pct=True),
+                 fmt([r.get("amplification") for r in rs], 2),
+                 f"{fmt([r.get('lag_p99_ms') for r in rs])} / {fmt([r.get('lag_max_ms') for r in rs], 0)}"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def margins(runs):
     """Each retry-budget policy against no retries, seed by seed: how much
     later the goodput is first back (`back`) and back to hold for 10 s
@@ -333,6 +363,10 @@ def main():
         if text:
             print(text)
         text = answers_table(runs, scenario)
+        if text:
+            print(text)
+    for scenario in LONG:
+        text = backlog_table(runs, scenario)
         if text:
             print(text)
     print("### against no retries, seed by seed\n")

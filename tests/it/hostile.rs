@@ -5,7 +5,7 @@
 //! named and nothing changed; one tenant cannot squat more than its
 //! `max_dependencies_per_tenant` names, and the names past it are told
 //! `dependency_untracked`; a tenant's listing shows its own dependencies
-//! only.
+//! only; and the same across three replicas on PostgreSQL.
 
 use crate::common;
 use crate::common::binary;
@@ -186,6 +186,82 @@ async fn one_tenant_cannot_squat_the_dependency_table() {
     let mallory = report_as(&mut c, "mallory", Vec::new()).await.unwrap();
     assert!(
         mallory.iter().all(|d| d.dependency != "payments"),
+        "mallory's listing shows alice's dependency"
+    );
+}
+
+/// The same attacks on three replicas sharing one PostgreSQL: Mallory
+/// floods successes on one and squats names on another, Alice asks on the
+/// third. The fleet shares dependency names and paces, never a tenant's
+/// claims or its quota of names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_replicas_no_tenant_moves_another_ones_budget() {
+    use crate::common::cluster::Replica;
+    use crate::common::postgres::TestDb;
+    use std::time::Duration;
+
+    let Some(db) = TestDb::create("hostile_replicas").await else {
+        return;
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let replica = Replica::spawn(&db.url, &[binary::AT_DEFAULTS]).await;
+        let channel = Channel::from_shared(replica.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        common::coordinated(channel).await;
+        replicas.push(replica);
+    }
+    let mut flooded = client(&replicas[0].addr).await;
+    let mut squatted = client(&replicas[1].addr).await;
+    let mut alice = client(&replicas[2].addr).await;
+    // A few coordination intervals: what one replica learns, the others do.
+    let settle = || tokio::time::sleep(Duration::from_secs(3));
+    fail_as(&mut alice, "alice", "a-1", "payments").await;
+    settle().await;
+    let before = pace_as(&mut alice, "alice", "payments").await;
+    for _ in 0..10 {
+        report_as(
+            &mut flooded,
+            "mallory",
+            vec![traffic("payments", 1_000_000, 1_000_000, 0)],
+        )
+        .await
+        .expect("counts that can be true are taken");
+    }
+    let mut untracked = 0;
+    for i in 0..40 {
+        let answer = fail_as(
+            &mut squatted,
+            "mallory",
+            &format!("m-{i}"),
+            &format!("squat-{i}"),
+        )
+        .await;
+        untracked += usize::from(answer.dependency_untracked);
+    }
+    assert_eq!(untracked, 40 - 16, "16 names a tenant, the rest shared");
+    settle().await;
+    let after = pace_as(&mut alice, "alice", "payments").await;
+    eprintln!("alice before {before:?}\nalice after {after:?}");
+    assert_eq!(after.earned_rate, 0.0, "{after:?}");
+    assert!(
+        after.allowed_rate <= before.allowed_rate + 1e-9,
+        "mallory's claims raised the shared allowance: {before:?} -> {after:?}"
+    );
+    // Alice's new dependency is tracked on its own, on her replica.
+    let answer = fail_as(&mut alice, "alice", "a-2", "ledger").await;
+    assert!(!answer.dependency_untracked, "{answer:?}");
+    assert_eq!(answer.code, "schedule_retry", "{answer:?}");
+    let mine = report_as(&mut alice, "alice", Vec::new()).await.unwrap();
+    let mut names: Vec<_> = mine.iter().map(|d| d.dependency.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["ledger", "payments"], "alice's listing");
+    let theirs = report_as(&mut alice, "mallory", Vec::new()).await.unwrap();
+    assert!(
+        theirs.iter().all(|d| d.dependency != "ledger"),
         "mallory's listing shows alice's dependency"
     );
 }

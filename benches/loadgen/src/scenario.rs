@@ -24,6 +24,10 @@ pub const GENEROUS_DEADLINE_SECONDS: u64 = 10 * 365 * 24 * 3600;
 /// The dependency durable reports name (`--dependency`), set once before the first request.
 pub static DEPENDENCY: OnceLock<String> = OnceLock::new();
 
+/// Whether each activity names a dependency of its own (`--dependency-per-activity`): the
+/// dependency name followed by the activity id, as a client putting URLs in `dependency` does.
+pub static DEPENDENCY_PER_ACTIVITY: OnceLock<bool> = OnceLock::new();
+
 /// A transient failure of `attempt` under the durable policy.
 pub fn durable_report(
     activity_id: String,
@@ -31,7 +35,6 @@ pub fn durable_report(
     occurred_at: Timestamp,
 ) -> pb::NextActionRequest {
     pb::NextActionRequest {
-        activity_id,
         attempt,
         error_class: pb::ErrorClass::Transient as i32,
         policy: Some(pb::Policy {
@@ -40,8 +43,16 @@ pub fn durable_report(
             base: None,
             cap: None,
         }),
+        dependency: if DEPENDENCY_PER_ACTIVITY.get().copied().unwrap_or(false) {
+            format!(
+                "{}{activity_id}",
+                DEPENDENCY.get().map_or("", String::as_str)
+            )
+        } else {
+            DEPENDENCY.get().cloned().unwrap_or_default()
+        },
+        activity_id,
         occurred_at: Some(occurred_at),
-        dependency: DEPENDENCY.get().cloned().unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -3,7 +3,7 @@
 # seeds, each run a real-time ~71 s process (the retry-budget policies start
 # the real server), then the table and the plot.
 #
-#   benches/storm/run.sh                     # the full lab: 3 seeds, ~2 h 40 min
+#   benches/storm/run.sh                     # the full lab: 3 seeds, about 3 h (long-outage apart)
 #   SEEDS=1 SCENARIOS=drop benches/storm/run.sh   # one scenario, one seed
 #   SCENARIOS=flaky POLICIES="none rb-default" benches/storm/run.sh
 #   POLICIES="none rb-default rb-default/no-reports rb-default/records-only" benches/storm/run.sh

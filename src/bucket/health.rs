@@ -31,8 +31,9 @@
 //!   granted: no evidence), by [`GROWTH`] a second, up to the cap (the
 //!   global rate, or the dependency's ceiling) while the allowance bound,
 //!   else up to the starting allowance; never within [`HOLD_SECONDS`] of a
-//!   cut, nor in a second whose fresh failures are above the expected
-//!   rate (the surge's measure, once rather than twice).
+//!   cut, nor of a second with at least [`ELEVATED_MIN`] fresh failures and
+//!   more than [`ELEVATED_FACTOR`] times the recent rate (and than the share
+//!   of its reported successes a surge allows).
 //! - **Unused**, it decays towards the starting allowance, so that months
 //!   of health do not leave a whole second of the global rate ready for the
 //!   first second of an outage.
@@ -194,8 +195,9 @@ pub struct TenantHealth {
     allowance: f64,
     /// The second of the last cut.
     cut_at: Option<u64>,
-    /// The last second whose fresh failures were above the recent rate
-    /// (at least [`ELEVATED_MIN`]).
+    /// The last second whose fresh failures were well above the recent
+    /// rate (at least [`ELEVATED_MIN`], more than [`ELEVATED_FACTOR`] times
+    /// it): growth holds for [`HOLD_SECONDS`] after it.
     elevated_at: Option<u64>,
     /// Whether that cut was a surge.
     surged: bool,

@@ -54,8 +54,6 @@
 //! its share of those requests, and never drives it to the floor for the
 //! others; a tenant's claims (reported successes) never enter it.
 
-use std::fmt;
-
 pub use crate::budget::token::{Evidence, HealthState};
 
 /// Seconds of evidence the rule reads (whole seconds, the one under way
@@ -121,43 +119,6 @@ impl Second {
         self.granted = self.granted.saturating_add(other.granted);
         self.retries_failed = self.retries_failed.saturating_add(other.retries_failed);
         self.deferred = self.deferred.saturating_add(other.deferred);
-    }
-}
-
-impl fmt::Display for Evidence {
-    /// "38 of the last 40 granted retries failed", "failures surged to 90/s
-    /// from 3/s", "no evidence yet".
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let window = WINDOW_SECONDS;
-        match self.state {
-            HealthState::NoEvidence => f.write_str("no evidence yet: its starting allowance"),
-            HealthState::Static => f.write_str("a static rate"),
-            HealthState::Trouble if self.surged => write!(
-                f,
-                "failures surged to {}/s from {}/s",
-                self.failures,
-                super::pace::Rate(self.baseline)
-            ),
-            HealthState::Trouble => write!(
-                f,
-                "{} of the {} retries granted in the last {window} s failed",
-                self.retries_failed
-                    .min(self.granted.max(self.retries_failed)),
-                self.granted.max(self.retries_failed)
-            ),
-            HealthState::Recovering => write!(
-                f,
-                "recovering: {} of the {} retries granted in the last {window} s failed",
-                self.retries_failed.min(self.granted),
-                self.granted
-            ),
-            HealthState::Healthy => write!(
-                f,
-                "{} of the {} retries granted in the last {window} s failed",
-                self.retries_failed.min(self.granted),
-                self.granted
-            ),
-        }
     }
 }
 
@@ -523,6 +484,8 @@ pub fn blend(tenants: impl IntoIterator<Item = (f64, u64)>, initial: f64) -> f64
         initial
     }
 }
+
+mod explain;
 
 #[cfg(test)]
 mod tests;

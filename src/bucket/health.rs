@@ -34,9 +34,16 @@
 //!   cut, nor of a second with at least [`ELEVATED_MIN`] fresh failures and
 //!   more than [`ELEVATED_FACTOR`] times the recent rate (and than the share
 //!   of its reported successes a surge allows).
-//! - **Unused**, it decays towards the starting allowance, so that months
+//! - **Unused** (nothing deferred, and under [`IN_USE_SHARE`] of it granted
+//!   in the second), it decays towards its resting allowance, so that months
 //!   of health do not leave a whole second of the global rate ready for the
 //!   first second of an outage.
+//!
+//! A tenant's *resting* allowance is the starting allowance less what its
+//! own lane already pays (the retries a second its reported successes earn
+//! it), never below the floor: the starting allowance is there for the
+//! retries nothing else pays for, and a tenant whose lane pays for them
+//! would otherwise bring both to the first second of an overload.
 //!
 //! A retry granted now fails only after its backoff and its call's timeout,
 //! so its fate arrives seconds later, inside the window; a surge of first
@@ -83,9 +90,13 @@ pub const MIN_FATES: u32 = 3;
 pub const RECENT_SECONDS: u64 = 3;
 /// The allowance's growth a second while retries do not fail.
 pub const GROWTH: f64 = 1.25;
-/// The allowance's decay a second, towards the starting allowance, while
-/// nothing is deferred.
+/// The allowance's decay a second, towards the resting allowance, while
+/// it is unused.
 pub const DECAY: f64 = 0.9;
+/// An allowance is unused while nothing is deferred and the last second's
+/// granted retries were under this share of it: one a tenant's steady
+/// retries fill does not decay under them.
+pub const IN_USE_SHARE: f64 = 0.5;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
 /// Seconds after a cut (or a second failing well above the usual) in which
@@ -171,6 +182,9 @@ pub struct TenantHealth {
     /// The successes a second the tenant reports of it (0 when it reports
     /// none): failures its own traffic explains are no surge.
     successes: f64,
+    /// The retries a second the tenant's own lane pays for (earned by
+    /// those successes): its resting allowance is what they leave.
+    lane: f64,
 }
 
 /// Retries granted and failed in the evidence window, and failed in its
@@ -199,6 +213,7 @@ impl TenantHealth {
             seen_any: false,
             fates: None,
             successes: 0.0,
+            lane: 0.0,
         }
     }
 
@@ -238,6 +253,18 @@ impl TenantHealth {
         } else {
             0.0
         };
+    }
+
+    /// The retries a second the tenant's own lane pays for.
+    pub fn set_lane(&mut self, lane: f64) {
+        self.lane = if lane.is_finite() { lane.max(0.0) } else { 0.0 };
+    }
+
+    /// Where the allowance rests with no trouble and nothing deferred: the
+    /// starting allowance less what the tenant's own lane pays, never below
+    /// the floor.
+    pub fn rest(&self, limits: &Limits) -> f64 {
+        (limits.initial - self.lane).max(limits.floor)
     }
 
     /// The allowance this tenant's evidence argues for.
@@ -358,10 +385,13 @@ impl TenantHealth {
             }
         } else if just.deferred > 0 && may_grow {
             self.allowance = limits.clamp(grow(self.allowance));
-        } else if self.allowance < limits.initial && may_grow {
-            self.allowance = limits.clamp(grow(self.allowance).min(limits.initial));
-        } else if window.deferred == 0 && self.allowance > limits.initial {
-            self.allowance = limits.clamp((self.allowance * DECAY).max(limits.initial));
+        } else if self.allowance < self.rest(limits) && may_grow {
+            self.allowance = limits.clamp(grow(self.allowance).min(self.rest(limits)));
+        } else if window.deferred == 0
+            && self.allowance > self.rest(limits)
+            && f64::from(just.granted) < IN_USE_SHARE * self.allowance
+        {
+            self.allowance = limits.clamp((self.allowance * DECAY).max(self.rest(limits)));
         } else {
             self.allowance = limits.clamp(self.allowance);
         }
@@ -379,7 +409,7 @@ impl TenantHealth {
             HealthState::Trouble
         } else if !self.seen_any {
             HealthState::NoEvidence
-        } else if self.allowance < limits.initial {
+        } else if self.allowance < self.rest(limits) {
             HealthState::Recovering
         } else {
             HealthState::Healthy
@@ -448,7 +478,7 @@ impl TenantHealth {
     }
 
     /// Whether this tenant holds evidence of trouble worth keeping: cut
-    /// recently, or still below the starting allowance.
+    /// recently, or still below its resting allowance.
     pub fn holds_trouble(&self, now: u64, limits: &Limits) -> bool {
         matches!(
             self.evidence(now, limits).state,

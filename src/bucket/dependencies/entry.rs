@@ -308,7 +308,7 @@ impl Entry {
         let mut totals = Second::default();
         let mut failures = 0;
         let mut baseline = 0.0;
-        let (mut trouble, mut surged, mut seen_any) = (false, false, false);
+        let (mut trouble, mut surged, mut seen_any, mut recovering) = (false, false, false, false);
         for t in &mut self.tenants {
             if let Some(fates) = &self.fleet_fates {
                 t.health
@@ -317,13 +317,14 @@ impl Entry {
                 t.health.set_fates(None);
             }
             t.health.set_successes(t.success_rate(now));
-            t.health.advance(second, &limits);
             // Never more than the global rate: the rate a tenant is told it
             // earned is one the buckets can pay.
             let rate = config.earned(t.success_rate(now)).min(limits.cap);
             if rate != t.earned.rate() {
                 t.earned.set_rate(rate, config.burst_seconds, n);
             }
+            t.health.set_lane(rate);
+            t.health.advance(second, &limits);
             let e = t.health.evidence(second, &limits);
             totals.granted = totals.granted.saturating_add(e.granted);
             totals.retries_failed = totals.retries_failed.saturating_add(e.retries_failed);
@@ -332,6 +333,7 @@ impl Entry {
             trouble |= e.state == HealthState::Trouble;
             surged |= e.state == HealthState::Trouble && e.surged;
             seen_any |= e.state != HealthState::NoEvidence;
+            recovering |= e.state == HealthState::Recovering;
         }
         self.local = match config.rate {
             Some(rate) => rate,
@@ -348,7 +350,7 @@ impl Entry {
             HealthState::Trouble
         } else if !seen_any {
             HealthState::NoEvidence
-        } else if self.allowed() < limits.initial {
+        } else if recovering {
             HealthState::Recovering
         } else {
             HealthState::Healthy

@@ -123,6 +123,44 @@ fn an_unused_allowance_decays_to_the_initial_one() {
 }
 
 #[test]
+fn a_tenants_own_lane_pays_for_part_of_its_resting_allowance() {
+    // A tenant whose reported successes earn it 12 retries a second rests
+    // at the 8 the lane leaves of the starting 20: both together are the
+    // starting allowance, not 32 ready for an overload's first second.
+    let mut h = TenantHealth::new(0, 20.0);
+    h.set_lane(12.0);
+    h.count(0, &failures(1), &LIMITS);
+    h.advance(40, &LIMITS);
+    assert!((h.allowance() - 8.0).abs() < 1e-9, "{}", h.allowance());
+    assert_eq!(h.evidence(40, &LIMITS).state, HealthState::Healthy);
+    // A lane past the starting allowance leaves the floor.
+    h.set_lane(50.0);
+    h.advance(80, &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.floor);
+    assert_eq!(h.evidence(80, &LIMITS).state, HealthState::Healthy);
+    // The lane gone (its successes stopped), the allowance grows back to
+    // the starting one: no evidence of trouble holds it.
+    h.set_lane(0.0);
+    h.advance(120, &LIMITS);
+    assert_eq!(h.allowance(), 20.0);
+    // Deferred retries that do not fail still grow it past the rest.
+    h.set_lane(12.0);
+    for s in 120..135 {
+        h.count(
+            s,
+            &Second {
+                deferred: 5,
+                granted: 5,
+                ..Second::default()
+            },
+            &LIMITS,
+        );
+    }
+    h.advance(135, &LIMITS);
+    assert!(h.allowance() > 50.0, "{}", h.allowance());
+}
+
+#[test]
 fn long_gaps_are_stepped_in_bounded_time() {
     let mut h = TenantHealth::new(0, 1.0);
     h.count(0, &failures(1), &LIMITS);

@@ -175,13 +175,7 @@ impl Dependencies {
 
     /// Counts a fresh failure `tenant` asked about.
     pub fn observe(&mut self, tenant: &str, dependency: &str, observed: Observed, now: Duration) {
-        let what = Second {
-            failures: 1,
-            seen: 1,
-            retries_failed: u32::from(observed.retry_failed),
-            ..Second::default()
-        };
-        self.count_health(tenant, dependency, &what, now);
+        self.count_health(tenant, dependency, &observed_failure(observed), now);
     }
 
     /// Counts a success `tenant` recorded: one success of its own lane,
@@ -489,6 +483,16 @@ impl Dependencies {
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
         e.tenants[t].health.count(second, what, &limits);
+    }
+}
+
+/// A fresh failure asked about, as the health rule counts it.
+fn observed_failure(observed: Observed) -> Second {
+    Second {
+        failures: 1,
+        seen: 1,
+        retries_failed: u32::from(observed.retry_failed),
+        ..Second::default()
     }
 }
 

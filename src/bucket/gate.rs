@@ -126,6 +126,7 @@ mod tests {
             waiting_since_ms: None,
             now_ms,
             planned_ms: None,
+            observed: None,
         }
     }
 

@@ -102,11 +102,8 @@ impl<T> Default for Line<T> {
 pub enum Standing {
     /// Its turn came: its token is taken.
     Served,
-    /// Waiting behind `ahead` live places (counted up to the bound asked).
-    Waiting {
-        /// Live places ahead of it.
-        ahead: usize,
-    },
+    /// Waiting: [`Line::ahead`] counts the live places ahead of it.
+    Waiting,
     /// The line is full: no place was taken.
     Full,
 }
@@ -197,10 +194,9 @@ impl<T> Line<T> {
 
     /// Where `place` stands, its worker asking now: served (its token
     /// claimed, so it is gone from the line), or waiting (taking its place
-    /// if the line did not hold it), due now, with the live places ahead
-    /// counted up to `count_up_to`; [`Line::promise`] says when it is due
-    /// next.
-    pub fn ask(&mut self, place: Place, now: Nanos, count_up_to: usize) -> Standing {
+    /// if the line did not hold it), due now; [`Line::promise`] says when
+    /// it is due next.
+    pub fn ask(&mut self, place: Place, now: Nanos) -> Standing {
         if self.claim(place) {
             return Standing::Served;
         }
@@ -208,9 +204,7 @@ impl<T> Line<T> {
             return Standing::Full;
         }
         self.wait(place, now, now);
-        Standing::Waiting {
-            ahead: self.ahead(place, now, count_up_to),
-        }
+        Standing::Waiting
     }
 
     /// Claims `place`'s token if it was served: it is gone from the line.
@@ -222,7 +216,9 @@ impl<T> Line<T> {
         false
     }
 
-    /// Live places ahead of `place`, counted up to `count_up_to`.
+    /// Live places ahead of `place`, counted up to `count_up_to`: a walk
+    /// of the places ahead, so the caller bounds it by what the count can
+    /// change.
     pub fn ahead(&self, place: Place, now: Nanos, count_up_to: usize) -> usize {
         self.waiting
             .range(..place)
@@ -294,18 +290,12 @@ mod tests {
     #[test]
     fn tokens_go_to_the_oldest_place_due_whatever_the_order_they_ask_in() {
         let mut line: Line = Line::default();
-        assert_eq!(
-            line.ask(place(300, 3), 0, 100),
-            Standing::Waiting { ahead: 0 }
-        );
-        assert_eq!(
-            line.ask(place(100, 1), 0, 100),
-            Standing::Waiting { ahead: 0 }
-        );
-        assert_eq!(
-            line.ask(place(200, 2), 0, 100),
-            Standing::Waiting { ahead: 1 }
-        );
+        assert_eq!(line.ask(place(300, 3), 0), Standing::Waiting);
+        assert_eq!(line.ahead(place(300, 3), 0, 100), 0);
+        assert_eq!(line.ask(place(100, 1), 0), Standing::Waiting);
+        assert_eq!(line.ahead(place(100, 1), 0, 100), 0);
+        assert_eq!(line.ask(place(200, 2), 0), Standing::Waiting);
+        assert_eq!(line.ahead(place(200, 2), 0, 100), 1);
         for p in [place(100, 1), place(200, 2), place(300, 3)] {
             line.promise(p, 2 * S, 0);
         }
@@ -314,25 +304,24 @@ mod tests {
             Ok(place(100, 1)),
             "all due: the oldest"
         );
-        assert_eq!(
-            line.ask(place(300, 3), 2 * S, 100),
-            Standing::Waiting { ahead: 1 }
-        );
-        assert_eq!(line.ask(place(100, 1), 2 * S, 100), Standing::Served);
+        assert_eq!(line.ask(place(300, 3), 2 * S), Standing::Waiting);
+        assert_eq!(line.ahead(place(300, 3), 2 * S, 100), 1);
+        assert_eq!(line.ask(place(100, 1), 2 * S), Standing::Served);
         assert_eq!(line.serve(2 * S, ()), Ok(place(200, 2)));
         assert_eq!(
-            line.ask(place(100, 1), 2 * S, 100),
-            Standing::Waiting { ahead: 0 },
+            line.ask(place(100, 1), 2 * S),
+            Standing::Waiting,
             "claimed once; asking again takes a new place"
         );
+        assert_eq!(line.ahead(place(100, 1), 2 * S, 100), 0);
     }
 
     #[test]
     fn a_place_here_now_goes_before_one_due_later_which_gets_none_yet() {
         let mut line: Line = Line::default();
-        line.ask(place(1, 1), 0, 10);
+        line.ask(place(1, 1), 0);
         line.promise(place(1, 1), 5 * S, 0);
-        line.ask(place(2, 2), S, 10);
+        line.ask(place(2, 2), S);
         assert!(line.has_waiting(S));
         assert!(line.has_ready(S));
         assert_eq!(line.serve(S, ()), Ok(place(2, 2)), "1 is not due until 5 s");
@@ -348,17 +337,17 @@ mod tests {
     #[test]
     fn places_whose_workers_went_away_are_skipped_not_served() {
         let mut line: Line = Line::default();
-        line.ask(place(1, 1), 0, 10);
+        line.ask(place(1, 1), 0);
         line.promise(place(1, 1), 3 * S, 0);
-        line.ask(place(2, 2), 3 * S, 10);
+        line.ask(place(2, 2), 3 * S);
         line.promise(place(2, 2), 8 * S, 3 * S);
         // Place 1 was due back at 3 s: no longer live past 4 s.
         assert!(line.has_waiting(4 * S));
         assert_eq!(line.serve(4 * S + 1, ()), Err(()), "1 skipped, 2 not due");
         assert_eq!(line.serve(8 * S, ()), Ok(place(2, 2)));
-        assert_eq!(line.ask(place(2, 2), 8 * S, 10), Standing::Served);
+        assert_eq!(line.ask(place(2, 2), 8 * S), Standing::Served);
         assert!(!line.has_waiting(8 * S));
-        line.ask(place(3, 3), 10 * S, 10);
+        line.ask(place(3, 3), 10 * S);
         assert!(line.has_waiting(11 * S), "never told: live a second");
         assert!(!line.has_waiting(11 * S + 1));
         assert!(line.is_empty());
@@ -368,7 +357,7 @@ mod tests {
     fn served_places_not_claimed_give_their_token_back_and_leaving_frees_a_place() {
         let mut line: Line<u32> = Line::default();
         for i in 1..=3 {
-            line.ask(place(i, i as u64), 0, 10);
+            line.ask(place(i, i as u64), 0);
         }
         line.promise(place(2, 2), 4 * S, 0);
         line.promise(place(3, 3), 9 * S, 0);
@@ -384,7 +373,7 @@ mod tests {
         assert!(!line.is_empty(), "place 3 still waits");
         assert_eq!(line.leave(place(3, 3)), None, "never served: no token");
         assert!(line.is_empty());
-        line.ask(place(4, 4), 20 * S, 10);
+        line.ask(place(4, 4), 20 * S);
         line.serve(20 * S, 9).unwrap();
         assert_eq!(
             line.leave(place(4, 4)),
@@ -397,12 +386,10 @@ mod tests {
     fn counting_the_places_ahead_is_bounded() {
         let mut line: Line = Line::default();
         for i in 0..1000 {
-            line.ask(place(i, i as u64), 0, 0);
+            line.ask(place(i, i as u64), 0);
         }
-        assert_eq!(
-            line.ask(place(5000, 5000), 0, 50),
-            Standing::Waiting { ahead: 50 }
-        );
+        assert_eq!(line.ask(place(5000, 5000), 0), Standing::Waiting);
+        assert_eq!(line.ahead(place(5000, 5000), 0, 50), 50);
         assert_eq!(line.waiting(0, 10), 10);
     }
 }

@@ -107,12 +107,13 @@ impl Draft {
     /// deferral (the attempt is not consumed). A deferred attempt that
     /// stops gives up its place in line.
     pub fn take_token(&mut self, mut gate: impl TokenGate, now_ms: i64) {
-        if !self.asked_again {
-            gate.observe(Observed {
-                retry_failed: self.event.attempt >= 2,
-            });
-        }
+        let observed = (!self.asked_again).then_some(Observed {
+            retry_failed: self.event.attempt >= 2,
+        });
         if self.action() != Action::ScheduleRetry {
+            if let Some(observed) = observed {
+                gate.observe(observed);
+            }
             if let Some(since_ms) = self.waiting_since_ms {
                 gate.leave(&self.record.activity_id, since_ms);
             }
@@ -123,6 +124,7 @@ impl Draft {
             waiting_since_ms: self.waiting_since_ms,
             now_ms,
             planned_ms: self.event.not_before_ms,
+            observed,
         };
         let answer = gate.take(&ask);
         settle(

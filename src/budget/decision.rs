@@ -366,18 +366,21 @@ pub fn decide_pure(
     )?;
     event.dependency = (!report.dependency.is_empty()).then(|| report.dependency.to_owned());
     if let Some(mut gate) = gate {
-        gate.observe(Observed {
+        let observed = Observed {
             retry_failed: budget.attempts >= 2,
-        });
+        };
         if event.action == Some(Action::ScheduleRetry) {
             let ask = Ask {
                 activity_id: None,
                 waiting_since_ms: None,
                 now_ms,
                 planned_ms: None,
+                observed: Some(observed),
             };
             let answer = gate.take(&ask);
             settle(&mut event, answer, now_ms, Some(deadline));
+        } else {
+            gate.observe(observed);
         }
     }
     // A retry's start is the caller's own occurred_at plus delay_ms: the

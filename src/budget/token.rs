@@ -30,6 +30,11 @@ pub struct Ask<'a> {
     /// a deferred worker comes back no earlier, and its place waits for it
     /// until then.
     pub planned_ms: Option<i64>,
+    /// The fresh failure this retry follows, counted as evidence of the
+    /// dependency's health before the token is asked for (so that one
+    /// visit to the budget does both); `None` for a deferred attempt asked
+    /// again, whose failure was counted when it was first deferred.
+    pub observed: Option<Observed>,
 }
 
 /// The answer to a request for a retry token.
@@ -242,7 +247,8 @@ pub trait TokenGate {
     fn take(&mut self, ask: &Ask<'_>) -> Answer;
 
     /// Tells the budget of a fresh failure (each attempt once: not a
-    /// replay, a dry run, or a deferred attempt asked again).
+    /// replay, a dry run, or a deferred attempt asked again) that asks no
+    /// token; one that does says so in its [`Ask::observed`].
     fn observe(&mut self, observed: Observed);
 
     /// Gives up the place in line `activity_id` took at `waiting_since_ms`

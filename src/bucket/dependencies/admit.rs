@@ -6,20 +6,16 @@ use std::hash::BuildHasher;
 use std::time::Duration;
 
 use super::entry::{Entry, Lane, Taken};
-use super::{Dependencies, nanos};
+use super::{Dependencies, nanos, observed_failure};
 use crate::bucket::fair::FairShares;
 use crate::bucket::health::{Limits, Second};
-use crate::bucket::line::{Place, Standing};
+use crate::bucket::line::{MAX_PLACES, Place, Standing};
 use crate::bucket::{DEPENDENCY_BUDGET_EXHAUSTED, TENANT_BACKLOG_FULL, TENANT_SHARE_EXHAUSTED};
 use crate::budget::token::{Admission, Answer, Ask};
 
 /// A turn estimated longer than this many seconds is told half (at
 /// least this much): see [`Dependencies::admit`].
 const HALVED_FROM: f64 = 2.0;
-
-/// Places counted ahead of a deferred retry to estimate its turn: past
-/// this many, the turn is beyond any horizon anyway.
-const COUNT_UP_TO: usize = 100_000;
 
 impl Dependencies {
     /// Asks `dependency`'s budget, then `global`, for `tenant`'s retry (see
@@ -40,6 +36,11 @@ impl Dependencies {
         let limits = config.limits(self.global_rate);
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
+        if let Some(observed) = ask.observed {
+            e.tenants[t]
+                .health
+                .count(second, &observed_failure(observed), &limits);
+        }
         let mut unclaimed = Vec::new();
         e.tenants[t].line.expire(n, |token| unclaimed.push(token));
         for token in unclaimed {
@@ -51,9 +52,9 @@ impl Dependencies {
         let mut full = false;
         if let (Some(since_ms), Some(id)) = (ask.waiting_since_ms, id) {
             let place = Place { since_ms, id };
-            match e.tenants[t].line.ask(place, n, COUNT_UP_TO) {
+            match e.tenants[t].line.ask(place, n) {
                 Standing::Served => return granted(e, t, second, &limits),
-                Standing::Waiting { .. } => mine = Some(place),
+                Standing::Waiting => mine = Some(place),
                 Standing::Full => full = true,
             }
         }
@@ -86,14 +87,14 @@ impl Dependencies {
                 }
             }
         }
-        let (place, ahead) = match (mine, id) {
+        let place = match (mine, id) {
             (Some(place), _) => {
                 if e.tenants[t].line.claim(place) {
                     return granted(e, t, second, &limits);
                 }
-                (Some(place), e.tenants[t].line.ahead(place, n, COUNT_UP_TO))
+                Some(place)
             }
-            _ if full => (None, COUNT_UP_TO),
+            _ if full => None,
             (None, id) => {
                 // A fresh failure waits behind any live place.
                 if refusal.is_none() && !e.tenants[t].line.has_waiting(n) {
@@ -108,16 +109,16 @@ impl Dependencies {
                             since_ms: ask.now_ms,
                             id,
                         };
-                        match e.tenants[t].line.ask(place, n, COUNT_UP_TO) {
+                        match e.tenants[t].line.ask(place, n) {
                             Standing::Served => return granted(e, t, second, &limits),
-                            Standing::Waiting { ahead } => (Some(place), ahead),
+                            Standing::Waiting => Some(place),
                             Standing::Full => {
                                 full = true;
-                                (None, COUNT_UP_TO)
+                                None
                             }
                         }
                     }
-                    None => (None, e.tenants[t].line.waiting(n, COUNT_UP_TO)),
+                    None => None,
                 }
             }
         };
@@ -149,6 +150,18 @@ impl Dependencies {
             e.shares.share_rate(tenant, now) + e.tenants[t].earned.rate()
         } else {
             global.share_rate(tenant, now)
+        };
+        // The places ahead, counted only as far as they can change the
+        // answer: a turn past twice the horizon is told the horizon (below),
+        // and the count walks the line.
+        let reach = (2.0 * horizon as f64 / 1e9 * rate)
+            .ceil()
+            .min(MAX_PLACES as f64) as usize
+            + 1;
+        let ahead = match place {
+            _ if full => reach,
+            Some(place) => e.tenants[t].line.ahead(place, n, reach),
+            None => e.tenants[t].line.waiting(n, reach),
         };
         let turn = if rate > 0.0 {
             (ahead as f64 + 1.0) / rate

@@ -32,6 +32,7 @@ fn pure(now: Duration) -> Ask<'static> {
         waiting_since_ms: None,
         now_ms: now.as_millis() as i64,
         planned_ms: None,
+        observed: None,
     }
 }
 
@@ -41,6 +42,7 @@ fn durable<'a>(id: &'a str, since: Option<i64>, now: Duration) -> Ask<'a> {
         waiting_since_ms: since,
         now_ms: now.as_millis() as i64,
         planned_ms: None,
+        observed: None,
     }
 }
 

@@ -69,6 +69,7 @@ impl Answering {
 impl TokenGate for &mut Answering {
     fn take(&mut self, ask: &super::super::token::Ask<'_>) -> super::super::token::Answer {
         self.asked.push(ask.waiting_since_ms);
+        self.observed += usize::from(ask.observed.is_some());
         self.admission.unwrap_or(Admission::Granted).into()
     }
 

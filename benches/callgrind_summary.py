@@ -5,11 +5,10 @@ Usage: benches/callgrind_summary.py DIR
 
 DIR holds, per scenario, `SCENARIO.callgrind` (the server's counters over the load window)
 and `SCENARIO.json` (the loadgen's report of the same window). Prints, per scenario,
-instructions (Ir) a request by crate (exclusive), the top functions, the inclusive cost of
-the functions that matter, and each scenario against `health`; with `--cache-sim=yes`
-(profile.sh with CACHE_SIM_KIB) also the last-level data misses a request: in all, in those
-functions, the functions that miss most, and the callers of the first (whose memory it was).
-Writes summary.json.
+instructions (Ir) a request, the inclusive cost of the functions that matter, and each
+scenario against `health` (BENCHMARKS.md's table and ratios); with `--cache-sim=yes`
+(profile.sh with CACHE_SIM_KIB) also the last-level data misses a request. Writes summary.json.
+(The split by crate, the top functions and where the misses fall: git history, 35e2131.)
 
 Valgrind hides SHA-NI, so sha256 runs its portable code here. The column "SHA-NI" against
 health replaces each call of the portable compression by the instructions of sha2's SHA-NI
@@ -73,7 +72,7 @@ class Profile:
 
     def __init__(self):
         self.events, self.total, self.ll_bytes, self.command = ["Ir"], [0], None, None
-        self.self_cost, self.inclusive, self.calls = {}, {}, {}
+        self.self_cost, self.inclusive = {}, {}
         self.call_counts = defaultdict(int)
 
     def column(self, table, *events):
@@ -86,9 +85,8 @@ class Profile:
 
 
 def parse(path):
-    """A callgrind dump (positions: line): the exclusive cost of each (file, function), the
-    inclusive cost of each function and of each call edge (caller, callee), each a list by
-    event. A function's inclusive cost is the sum of the calls made to it from other
+    """A callgrind dump (positions: line): the exclusive cost of each (file, function) and the
+    inclusive cost of each function, each a list by event. A function's inclusive cost is the sum of the calls made to it from other
     functions: exact for functions that are not recursive, whatever the inlined code's file
     names or the call stacks active when the dump was taken."""
     p = Profile()
@@ -145,7 +143,6 @@ def parse(path):
                     add(p.self_cost, (current_file, fn), values)
                 elif callee != fn:
                     add(p.inclusive, callee, values)
-                    add(p.calls, (fn, callee), values)
                 call_pending = False
     return p
 
@@ -162,44 +159,11 @@ def named_costs(inclusive, requests):
 
 
 def ll_report(p, requests):
-    """Last-level data misses a request: in all, in FUNCTIONS (inclusive), the functions with
-    the most (exclusive), and the callers of the first (for memcpy: whose copies met memory
-    that was not in the cache)."""
-    calls = p.column(p.calls, *LL_MISSES)
-    by_function = defaultdict(int)
-    for (_, function), v in p.column(p.self_cost, *LL_MISSES).items():
-        by_function[function] += v
-    top = sorted(by_function.items(), key=lambda kv: -kv[1])[:10]
-    callers = []
-    if top:
-        callers = sorted(((caller, v) for (caller, callee), v in calls.items() if callee == top[0][0]),
-                         key=lambda kv: -kv[1])[:8]
+    """Last-level data misses a request (reads and writes), and the simulated cache's size."""
     return {
         "ll_kib": p.ll_bytes // 1024 if p.ll_bytes else None,
         "per_request": sum(p.total[p.events.index(e)] for e in LL_MISSES) / requests,
-        "functions": named_costs(p.column(p.inclusive, *LL_MISSES), requests),
-        "top_self": {f: v / requests for f, v in top},
-        "top_callers": {"function": top[0][0] if top else None, "callers": {c: v / requests for c, v in callers}},
     }
-
-
-def crate_of(file, function):
-    m = re.search(r"/registry/src/[^/]+/([A-Za-z0-9_\-]+?)-\d+\.\d+\.\d+[^/]*/", file)
-    if m:
-        return m.group(1)
-    if "/rustc/" in file or "/rust/deps/" in file:
-        return "std (alloc, core, hashbrown)"
-    if "/out/" in file and "retrybudget" in file:
-        return "retry-budget (generated pb)"
-    if re.search(r"/src/(budget|grpc|ledger|store|server|clock|cli)", file) or file.startswith("src/"):
-        return "retry-budget (ours)"
-    if re.search(r"malloc|free|_int_|consolidate|unlink_chunk|tcache", function):
-        return "libc malloc/free"
-    if re.search(r"mem(move|cpy|set|cmp)|strlen", function):
-        return "libc memcpy/memmove/memcmp"
-    if file.startswith("./") or "libc" in file or "sysdeps" in file:
-        return "libc other (syscall stubs...)"
-    return "other"
 
 
 @functools.cache
@@ -225,15 +189,8 @@ def with_shani(p, total):
     return None if block is None else total - soft + calls * block
 
 
-def print_scenario(s, summary, p, requests, total, top):
+def print_scenario(s, summary, p, requests, total):
     print(f"\n== {s}: {requests:,} requests, {total / requests:,.0f} instructions per request (user space)")
-    print("   by crate (exclusive):")
-    for k, v in summary["by_crate_per_request"].items():
-        if v / (total / requests) >= 0.01:
-            print(f"     {k:<34} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
-    print("   top functions (exclusive):")
-    for f, v in top[:8]:
-        print(f"     {f[:90]:<90} {v / requests:>9,.0f}  {100 * v / total:5.1f}%")
     print("   functions (inclusive):")
     named = summary["functions_per_request"]
     for k, v in named.items():
@@ -248,17 +205,6 @@ def print_scenario(s, summary, p, requests, total, top):
         ll = summary["ll_misses"] = ll_report(p, requests)
         print(f"   last-level data misses a request (simulated LL of {ll['ll_kib']} KiB, reads and writes): "
               f"{ll['per_request']:,.1f}")
-        print("   of them, in the functions that matter (inclusive):")
-        for k, v in ll["functions"].items():
-            print(f"     {k:<40} {v:>9,.1f}")
-        print("   functions with the most misses (exclusive):")
-        for f, v in list(ll["top_self"].items())[:8]:
-            print(f"     {f[:90]:<90} {v:>9,.1f}")
-        first = ll["top_callers"]["function"]
-        if first:
-            print(f"   {first[:60]}: its misses by caller (the memory it was given to work on):")
-            for f, v in ll["top_callers"]["callers"].items():
-                print(f"     {f[:90]:<90} {v:>9,.1f}")
 
 
 def main():
@@ -279,22 +225,15 @@ def main():
             continue
         p = parse(os.path.join(d, s + ".callgrind"))
         total = p.total[p.events.index("Ir")]
-        groups, per_function = defaultdict(int), defaultdict(int)
-        for (file, function), ir in p.column(p.self_cost, "Ir").items():
-            groups[crate_of(file, function)] += ir
-            per_function[function] += ir
-        top = sorted(per_function.items(), key=lambda kv: -kv[1])[:12]
         shani = with_shani(p, total)
         summary[s] = {
             "requests": requests,
             "ir_total": total,
             "ir_per_request": total / requests,
             "ir_per_request_shani": (shani if shani is not None else total) / requests,
-            "by_crate_per_request": {k: v / requests for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
             "functions_per_request": named_costs(p.column(p.inclusive, "Ir"), requests),
-            "top_self_per_request": {f: v / requests for f, v in top},
         }
-        print_scenario(s, summary[s], p, requests, total, top)
+        print_scenario(s, summary[s], p, requests, total)
     if "health" in summary:
         base, shani_base = summary["health"]["ir_per_request"], summary["health"]["ir_per_request_shani"]
         print("\ninstructions per request against health (a CPU-bound server's throughput ratio is about the inverse);")
@@ -303,16 +242,6 @@ def main():
             ratio, shani = v["ir_per_request"] / base, v["ir_per_request_shani"] / shani_base
             print(f"   {s:<22} {v['ir_per_request']:>9,.0f}  x{ratio:.3f}  (throughput bound ~{1 / ratio:.2f})"
                   f"   SHA-NI {v['ir_per_request_shani']:>9,.0f}  x{shani:.3f}")
-    if "ll_misses" in summary.get("pure-next-action", {}):
-        base = summary["pure-next-action"]["ll_misses"]
-        print("\nlast-level data misses a request against pure-next-action (the same request path, no store):")
-        for s, v in summary.items():
-            if "ll_misses" in v:
-                ll = v["ll_misses"]
-                extra = {f: ll["top_self"][f] - base["top_self"].get(f, 0) for f in ll["top_self"]}
-                most = max(extra.items(), key=lambda kv: kv[1]) if extra else ("", 0)
-                print(f"   {s:<22} {ll['per_request']:>9,.1f}  {ll['per_request'] - base['per_request']:>+9,.1f}"
-                      + (f"  (largest rise among its top functions: {most[0][:50]} {most[1]:+,.1f})" if most[1] > 0 else ""))
     with open(os.path.join(d, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return 0

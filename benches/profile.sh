@@ -23,8 +23,8 @@
 # and SERVER_BIN (common.sh); CACHE_SIM_KIB=N adds callgrind's cache
 # simulation, with a last-level cache of N KiB (8-way, 64-byte lines; 32 KiB
 # L1s): give it the machine's L2 (`lscpu`) and the summary adds the data
-# misses a request and where they fall. All threads share the one simulated
-# cache, as they share the server's one core.
+# misses a request. All threads share the one simulated cache, as they share
+# the server's one core.
 set -euo pipefail
 
 SECONDS_WINDOW=8 WARMUP=4 OUT="" SCENARIOS=()

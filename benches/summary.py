@@ -4,8 +4,7 @@
     summary.py run RESULTS.jsonl           one benches/run.sh run: each target's ratio, by group
     summary.py line < RESULTS.jsonl        a line of progress from the last window
     summary.py across [--costs] FILE...    the targets (or the cost model by machine) over runs;
-                                           FILE: a run.sh results file or a summary from `write`
-    summary.py write OUT [--models TSV] RESULTS...   one summary row a run, to OUT
+                                           FILE: a run.sh results file or summary.jsonl
     summary.py pg RESULTS.jsonl            the PostgreSQL targets of one benches/pg.sh run
     summary.py soak DIR                    one benches/soak.sh run (writes DIR/summary.json)
     summary.py cpu --after S --window S [--pid NAME=PID ...] [--comm NAME=COMM ...]
@@ -83,8 +82,8 @@ def p99(rec):
 
 
 def generator_lag(rec):
-    """The generator's own p99 lateness in an open loop (older files: send_lag_us)."""
-    return (rec.get("pacer_lag_us") or rec.get("send_lag_us") or {}).get("p99")
+    """The generator's own p99 lateness in an open loop."""
+    return (rec.get("pacer_lag_us") or {}).get("p99")
 
 
 def on_schedule(rec):
@@ -138,11 +137,9 @@ def verdicts(runs, servers):
     target("pure NextAction / health throughput", "closed/pure-next-action", "closed/health", throughput, ">=", 0.90)
     target("RetryDelay / health p99 at half saturation", "open/retry-delay", "open/health", p99, "<=", 1.25)
     target("pure NextAction / health p99 at half saturation", "open/pure-next-action", "open/health", p99, "<=", 1.25)
-    # Durable against the pure window on the same server just before it; older
-    # results files have only the closed loops of (1)-(3), minutes earlier.
-    pure = "durable/pure-next-action" if "durable/pure-next-action" in runs else "closed/pure-next-action"
-    same = " (same server)" if pure.startswith("durable/") else ""
-    target(f"durable / pure NextAction{same} throughput", "durable/group-commit", pure, throughput, ">=", 0.5)
+    # Durable against the pure window on the same server just before it (run.sh's (4)).
+    target("durable / pure NextAction (same server) throughput", "durable/group-commit", "durable/pure-next-action",
+           throughput, ">=", 0.5)
     target("durable group commit / max-batch 1", "durable/group-commit", "durable/max-batch-1", throughput, ">=", 20)
     target("durable, big store / 1k store", "durable/stored-big", "durable/stored-1k", throughput, ">=", 0.8)
     target("h2load: RetryDelay / health throughput", "h2load/retry-delay", "h2load/health", throughput, ">=", 0.90)
@@ -150,7 +147,8 @@ def verdicts(runs, servers):
     # By the server's CPU a request: they hold whichever side was saturated.
     target("server capacity: RetryDelay / health", "closed/retry-delay", "closed/health", capacity, ">=", 0.90)
     target("server capacity: pure NextAction / health", "closed/pure-next-action", "closed/health", capacity, ">=", 0.90)
-    target(f"server capacity: durable / pure NextAction{same}", "durable/group-commit", pure, capacity, ">=", 0.5)
+    target("server capacity: durable / pure NextAction (same server)", "durable/group-commit", "durable/pure-next-action",
+           capacity, ">=", 0.5)
     hwm = [h for h in (s.get("vm_hwm_kib") for s in servers.get("durable/stored-big", [])) if h]
     rss = max(hwm) / MIB if hwm else None
     rows.append({"what": "peak RSS, big store (MiB)", "ratio": rss, "target": "< 256", "bound": 256,
@@ -266,20 +264,17 @@ COSTS = [
 ]
 
 
-def machine_kind(machine, run=None, models=None):
-    """CPU model name and family/model (from `models`, run -> "family/model", for files
-    written before run.sh recorded them)."""
+def machine_kind(machine):
+    """CPU model name and family/model: the kinds of machine the cost model is by."""
     if not machine:
         return "?"
     cpu = (machine.get("cpu") or "?").replace("(R)", "").replace(" Processor", "").strip()
     if machine.get("cpu_family") not in (None, ""):
         cpu += f" {machine['cpu_family']}/{machine['cpu_model']}"
-    elif run in (models or {}):
-        cpu += f" {models[run]}"
     return cpu
 
 
-def summary_row(path, models=None):
+def summary_row(path):
     """One run: its name, machine, commit, each of TARGETS as [figure, met, bound], its COSTS."""
     machine, runs, servers = load(path)
     rows = verdicts(runs, servers)
@@ -306,12 +301,13 @@ def summary_row(path, models=None):
     m = re.search(r"run([A-Z]+)", os.path.basename(path))
     name = m.group(1) if m else os.path.basename(path).removesuffix(".jsonl")
     return {"kind": "run", "date": (machine or {}).get("date", ""), "run": name,
-            "machine": machine_kind(machine, name, models), "commit": (machine or {}).get("commit", "?"),
+            "machine": machine_kind(machine), "commit": (machine or {}).get("commit", "?"),
             "targets": targets, "costs": costs}
 
 
 def all_rows(paths):
-    """Every run's row, in the order they ran: a summary's rows, or a results file's one."""
+    """Every run's row, in the order they ran: summary.jsonl's rows (written from the 88 runs'
+    results files, which git history keeps), or a results file's one."""
     rows = []
     for path in paths:
         with open(path) as f:
@@ -401,20 +397,6 @@ def cost_report(paths):
             cells.append(f"{statistics.median(values):.{digits}f}" if values else "-")
         lines.append(f"{machine:<{width}} {len(on_it):>4} " + " ".join(f"{c:>11}" for c in cells))
     return "\n".join(lines)
-
-
-def known_models(path):
-    """run -> "family/model" from tab-separated lines (`#` starts a comment)."""
-    with open(path) as f:
-        rows = [line.split("\t")[:2] for line in f if line.strip() and not line.startswith("#")]
-    return {run: model.strip() for run, model in rows}
-
-
-def write(out, paths, models=None):
-    rows = sorted((summary_row(p, models) for p in paths), key=lambda r: (r["date"], r["run"]))
-    with open(out, "w") as f:
-        f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
-    return len(rows)
 
 
 # --- PostgreSQL (pg.sh) -----------------------------------------------------------------
@@ -680,10 +662,6 @@ def main(argv):
     a = sub.add_parser("across")
     a.add_argument("--costs", action="store_true")
     a.add_argument("files", nargs="+")
-    w = sub.add_parser("write")
-    w.add_argument("out")
-    w.add_argument("--models")
-    w.add_argument("results", nargs="+")
     sub.add_parser("pg").add_argument("results")
     sub.add_parser("soak").add_argument("dir")
     c = sub.add_parser("cpu")
@@ -705,9 +683,6 @@ def main(argv):
         print(across_report(args.files))
         print("\n* missed its target; - not judged or not in the run. Targets: throughput ratios >= 0.9")
         print("(dur/pure >= 0.5, gc/mb1 >= 20, 1M/1k >= 0.8), p99 ratios <= 1.25, RSS < 256 MiB.")
-    elif args.command == "write":
-        models = known_models(args.models) if args.models else None
-        print(f"{write(args.out, args.results, models)} runs written to {args.out}")
     elif args.command == "pg":
         print(pg_report(records(args.results)))
     elif args.command == "soak":

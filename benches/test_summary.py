@@ -39,19 +39,13 @@ def row(runs, prefix, servers=None):
 
 
 class Verdicts(unittest.TestCase):
-    def test_durable_is_judged_against_pure_on_the_same_server_else_the_closed_loop(self):
+    def test_durable_is_judged_against_pure_on_the_same_server(self):
         runs = {"closed/pure-next-action": [window(100_000)] * 2,
                 "durable/pure-next-action": [window(60_000), window(62_000)],
                 "durable/group-commit": [window(30_000), window(31_000)]}
         durable = row(runs, "durable / pure NextAction")
-        self.assertIn("same server", durable["what"])
         self.assertEqual(durable["pair_ratios"], [0.5, 31_000 / 62_000])
         self.assertTrue(durable["met"])
-        del runs["durable/pure-next-action"]
-        older = row(runs, "durable / pure NextAction")
-        self.assertNotIn("same server", older["what"])
-        self.assertAlmostEqual(older["ratio"], 0.305)
-        self.assertFalse(older["met"])
 
     def test_a_pair_with_other_work_on_the_machine_is_left_out(self):
         rd = row({"closed/retry-delay": [window(90_000), window(50_000, other=0.6), window(60_000)],
@@ -108,10 +102,10 @@ class Across(unittest.TestCase):
                 f.write(json.dumps(rec) + "\n")
         return path
 
-    def durable_runs(self, *runs, **machine):
+    def durable_runs(self, *runs):
         return [self.run_file(name, 10 + i, [window(100_000, label="durable/pure-next-action"),
                                              window(100_000 * ratio, label="durable/group-commit")],
-                              **({"cpu_model": model, "cpu_family": 25} if model else machine))
+                              cpu_family=25, cpu_model=model)
                 for i, (name, ratio, model) in enumerate(runs)]
 
     def test_a_runs_figures_are_the_judged_ratios_and_misses_are_marked(self):
@@ -119,8 +113,9 @@ class Across(unittest.TestCase):
             window(100_000, label="closed/health"), window(100_000, label="closed/health"),
             window(95_000, label="closed/pure-next-action"),
             window(40_000, other=0.9, label="closed/pure-next-action"),
-            window(100_000, label="durable/pure-next-action"), window(45_000, label="durable/group-commit")])
-        r = summary.summary_row(path, {"ZA": "25/1"})
+            window(100_000, label="durable/pure-next-action"), window(45_000, label="durable/group-commit")],
+            cpu_family=25, cpu_model=1)
+        r = summary.summary_row(path)
         self.assertEqual((r["run"], r["machine"]), ("ZA", "AMD EPYC 25/1"))
         self.assertAlmostEqual(r["targets"]["pure/h"][0], 0.95)
         self.assertEqual(summary.cell(*r["targets"]["dur/pure"]), "0.45*")
@@ -143,19 +138,16 @@ class Across(unittest.TestCase):
         self.assertTrue(lines[start + 1].startswith("AMD EPYC 25/1 ") and "0.50 (1/2)" in lines[start + 1])
         self.assertTrue(lines[start + 2].startswith("AMD EPYC 25/17 ") and "0.45 (0/1)" in lines[start + 2])
 
-    def test_a_written_summary_gives_the_table_of_its_results_files(self):
-        paths = self.durable_runs(("ZH", 0.55, None), ("ZI", 0.45, None))
-        tsv = os.path.join(self.dir.name, "models.tsv")
-        with open(tsv, "w") as f:
-            f.write("# run\tfamily/model\nZH\t26/2\nZI\t26/2\n")
+    def test_summary_rows_and_a_new_results_file_make_one_table_in_the_order_they_ran(self):
+        # summary.jsonl holds rows as summary_row made them from the runs' results files.
+        rows = [summary.summary_row(p) for p in self.durable_runs(("ZI", 0.45, 2), ("ZH", 0.55, 2))]
         out = os.path.join(self.dir.name, "summary.jsonl")
-        self.assertEqual(summary.main(["write", out, "--models", tsv, *reversed(paths)]), 0)
-        models = summary.known_models(tsv)
-        self.assertEqual(summary.all_rows([out]), sorted((summary.summary_row(p, models) for p in paths),
-                                                         key=lambda r: r["date"]))
+        with open(out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in reversed(rows))
+        self.assertEqual(summary.all_rows([out]), rows)
         newer = self.run_file("ZJ", 20, [window(100_000, label="closed/health")])
         self.assertEqual([line.split()[0] for line in summary.across_report([out, newer]).splitlines()[1:4]],
-                         ["ZH", "ZI", "ZJ"])
+                         ["ZI", "ZH", "ZJ"])
 
     def test_costs_by_machine_take_each_kinds_median(self):
         paths = [self.run_file(name, 10 + i, [
@@ -262,10 +254,7 @@ class Callgrind(unittest.TestCase):
         self.assertEqual(p.column(p.inclusive, *cs.LL_MISSES)["memcpy"], 30)
         self.assertEqual(p.column(p.inclusive, "Ir")["handler_a"], 10)
         self.assertEqual(p.call_counts["memcpy"], 3)
-        ll = cs.ll_report(p, requests=10)
-        self.assertEqual((ll["ll_kib"], ll["per_request"]), (512, 6.0))
-        self.assertEqual(list(ll["top_self"].items())[0], ("memcpy", 3.0))
-        self.assertEqual(ll["top_callers"], {"function": "memcpy", "callers": {"handler_a": 2.5, "handler_b": 0.5}})
+        self.assertEqual(cs.ll_report(p, requests=10), {"ll_kib": 512, "per_request": 6.0})
 
     def test_a_dump_of_instructions_alone_has_no_cache_report(self):
         p = self.parse("events: Ir\nsummary: 300\nfl=(1) src/a.rs\nfn=(1) a\n1 300\n")

@@ -41,6 +41,13 @@ PLOT="${PLOT:-$OUT/storm.png}"
 
 # Two builds, not one: built together, the server would be compiled with the
 # lab's tokio features and be another binary than the one users run.
+# The server's commit, as the build sees it: every run records it, and the
+# checkout may move on while the lab runs.
+STORM_SERVER_COMMIT=$(git rev-parse --short=12 HEAD)
+if [ -n "$(git status --porcelain -- src proto migrations Cargo.lock)" ]; then
+  STORM_SERVER_COMMIT="$STORM_SERVER_COMMIT-dirty"
+fi
+export STORM_SERVER_COMMIT
 cargo build --release --locked --bin retry-budget
 cargo build --release --locked -p retry-budget-storm
 mkdir -p "$OUT/runs"

@@ -217,6 +217,11 @@ async fn main() -> ExitCode {
 /// The commit of the checkout the lab runs in (the server it starts is
 /// built from it by run.sh), with `-dirty` when its sources differ from it.
 fn commit() -> String {
+    // run.sh names the commit the server was built from, before the build:
+    // the checkout may move on while a long lab runs.
+    if let Ok(commit) = std::env::var("STORM_SERVER_COMMIT") {
+        return commit;
+    }
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)

@@ -169,7 +169,12 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
     ) -> Result<Response<pb::NextActionResponse>, Status> {
         self.draining.check()?;
         let gate = request.extensions_mut().remove::<TenantGate>();
-        let tenant = convert::tenant(request.extensions(), request.metadata())?;
+        // The layer resolved the tenant of a call it gave a gate, from the
+        // same request: read once.
+        let tenant = match &gate {
+            Some(gate) => gate.tenant(),
+            None => convert::tenant(request.extensions(), request.metadata())?,
+        };
         let req = request.get_ref();
         let rules = self.rules();
         let now = now_ms();

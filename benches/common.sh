@@ -45,7 +45,10 @@ bench_setup() {
   SERVER=${SERVER_BIN:-$target/release/retry-budget}
   LOADGEN=$target/release/retry-budget-loadgen
   ROOMY_DEPS=()
-  if "$SERVER" serve --help 2>/dev/null | grep -q -- '--dependency-rate'; then ROOMY_DEPS=(--dependency-rate 1000000); fi
+  # DEPENDENCY_BUDGET=default leaves every dependency at its default budget.
+  if [ "${DEPENDENCY_BUDGET:-roomy}" = roomy ] && "$SERVER" serve --help 2>/dev/null | grep -q -- '--dependency-rate'; then
+    ROOMY_DEPS=(--dependency-rate 1000000)
+  fi
   ROOMY=(--retry-rate 1000000 --retry-burst 1000000 "${ROOMY_DEPS[@]}")
   read -ra SERVER_ARGS <<<"${SERVER_FLAGS:-}"
 }

@@ -24,7 +24,13 @@
 # simulation, with a last-level cache of N KiB (8-way, 64-byte lines; 32 KiB
 # L1s): give it the machine's L2 (`lscpu`) and the summary adds the data
 # misses a request. All threads share the one simulated cache, as they share
-# the server's one core.
+# the server's one core. DEPENDENCY_BUDGET=default leaves the dependencies'
+# budgets at their defaults (the global bucket stays out of the way);
+# REPORT_SUCCESSES=N then has grpcurl report N successes a second of
+# REPORT_DEPENDENCY (default payments-api) for REPORT_TENANT (default bench,
+# the generator's), so that the dependency is healthy: without it every retry
+# the generator's failed attempts follow is a failed retry, and the profile
+# is of deferrals.
 set -euo pipefail
 
 SECONDS_WINDOW=8 WARMUP=4 OUT="" SCENARIOS=()
@@ -55,6 +61,14 @@ for s in "${SCENARIOS[@]}"; do
   echo "profiling $s (port $PORT, ${WARMUP}s warm-up, ${SECONDS_WINDOW}s window)" >&2
   WRAP=(valgrind --tool=callgrind "${CACHE_SIM[@]}" "--callgrind-out-file=$WORK/$s.%p")
   bench_serve "$OUT/$s.server.log" "$PORT" --data-dir "$WORK/data-$s" "${ROOMY[@]}"
+  REPORTER=""
+  if [ -n "${REPORT_SUCCESSES:-}" ]; then
+    report=$(printf '{"dependencies":[{"dependency":"%s","calls":%d,"successes":%d}]}' \
+      "${REPORT_DEPENDENCY:-payments-api}" "$REPORT_SUCCESSES" "$REPORT_SUCCESSES")
+    while grpcurl -plaintext -H "x-tenant-id: ${REPORT_TENANT:-bench}" -d "$report" \
+      "127.0.0.1:$PORT" retrybudget.v1.RetryBudget/ReportTraffic >/dev/null; do sleep 1; done &
+    REPORTER=$!
+  fi
   (
     sleep "$WARMUP"
     callgrind_control -z "$PID" >/dev/null
@@ -67,6 +81,7 @@ for s in "${SCENARIOS[@]}"; do
     --server-pid "$PID" --label "profile/$s" ${LOADGEN_EXTRA[@]+"${LOADGEN_EXTRA[@]}"} >"$OUT/$s.json"
   wait "$SAMPLER"
   SAMPLER=""
+  [ -z "$REPORTER" ] || kill "$REPORTER" 2>/dev/null || true
   bench_stop
   dump=$(ls "$WORK/$s".*.1 2>/dev/null | sed -n 1p)
   [ -n "$dump" ] || { echo "profile.sh: no callgrind dump for $s" >&2; exit 1; }

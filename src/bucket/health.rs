@@ -39,8 +39,8 @@
 //!   of health do not leave a whole second of the global rate ready for the
 //!   first second of an outage.
 //!
-//! A tenant's *resting* allowance is the starting allowance less what its
-//! own lane already pays (the retries a second its reported successes earn
+//! A tenant's *resting* allowance, once it has evidence, is the starting
+//! allowance less what its own lane already pays (the retries a second its reported successes earn
 //! it), never below the floor: the starting allowance is there for the
 //! retries nothing else pays for, and a tenant whose lane pays for them
 //! would otherwise bring both to the first second of an overload.
@@ -262,9 +262,14 @@ impl TenantHealth {
 
     /// Where the allowance rests with no trouble and nothing deferred: the
     /// starting allowance less what the tenant's own lane pays, never below
-    /// the floor.
+    /// the floor; with no evidence yet, the starting allowance (a first
+    /// burst of failures is retried whatever the lane).
     pub fn rest(&self, limits: &Limits) -> f64 {
-        (limits.initial - self.lane).max(limits.floor)
+        if self.seen_any {
+            (limits.initial - self.lane).max(limits.floor)
+        } else {
+            limits.initial
+        }
     }
 
     /// The allowance this tenant's evidence argues for.

@@ -129,7 +129,13 @@ fn a_tenants_own_lane_pays_for_part_of_its_resting_allowance() {
     // starting allowance, not 32 ready for an overload's first second.
     let mut h = TenantHealth::new(0, 20.0);
     h.set_lane(12.0);
-    h.count(0, &failures(1), &LIMITS);
+    h.advance(10, &LIMITS);
+    assert_eq!(
+        h.allowance(),
+        20.0,
+        "no evidence yet: the starting allowance"
+    );
+    h.count(10, &failures(1), &LIMITS);
     h.advance(40, &LIMITS);
     assert!((h.allowance() - 8.0).abs() < 1e-9, "{}", h.allowance());
     assert_eq!(h.evidence(40, &LIMITS).state, HealthState::Healthy);
@@ -158,6 +164,29 @@ fn a_tenants_own_lane_pays_for_part_of_its_resting_allowance() {
     }
     h.advance(135, &LIMITS);
     assert!(h.allowance() > 50.0, "{}", h.allowance());
+}
+
+#[test]
+fn an_allowance_its_tenants_retries_fill_does_not_decay_under_them() {
+    // Grown to 40 by retries deferred and not failing, then filled by 30
+    // granted a second with none deferred: it stays; at 10 a second (under
+    // half of it) it decays to the starting allowance.
+    let mut h = TenantHealth::new(0, 40.0);
+    let granted = |n| Second {
+        granted: n,
+        ..Second::default()
+    };
+    h.count(0, &failures(1), &LIMITS);
+    for s in 0..20 {
+        h.count(s, &granted(30), &LIMITS);
+    }
+    h.advance(20, &LIMITS);
+    assert_eq!(h.allowance(), 40.0);
+    for s in 20..60 {
+        h.count(s, &granted(10), &LIMITS);
+    }
+    h.advance(60, &LIMITS);
+    assert_eq!(h.allowance(), 20.0);
 }
 
 #[test]

@@ -62,6 +62,7 @@
 //! others; a tenant's claims (reported successes) never enter it.
 
 pub use crate::budget::token::{Evidence, HealthState};
+pub use counts::{Fates, Limits, Second};
 
 /// Seconds of evidence the rule reads (whole seconds, the one under way
 /// left out).
@@ -107,50 +108,6 @@ pub const CUT: f64 = 0.5;
 /// would take.
 pub const HOLD_SECONDS: u64 = 3;
 
-/// What one tenant's requests told of a dependency in one second.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Second {
-    /// Fresh failures asked about.
-    pub failures: u32,
-    /// Requests seen (fresh failures and recorded successes): the tenant's
-    /// weight in the dependency's allowance.
-    pub seen: u32,
-    /// Retries granted a token.
-    pub granted: u32,
-    /// Granted retries that failed.
-    pub retries_failed: u32,
-    /// Retries the dependency's budget deferred.
-    pub deferred: u32,
-}
-
-impl Second {
-    fn add(&mut self, other: &Second) {
-        self.failures = self.failures.saturating_add(other.failures);
-        self.seen = self.seen.saturating_add(other.seen);
-        self.granted = self.granted.saturating_add(other.granted);
-        self.retries_failed = self.retries_failed.saturating_add(other.retries_failed);
-        self.deferred = self.deferred.saturating_add(other.deferred);
-    }
-}
-
-/// The limits a step works within (from the dependency's pace
-/// configuration and the global rate).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
-    /// Never below.
-    pub floor: f64,
-    /// Where it starts, and where it settles with no evidence.
-    pub initial: f64,
-    /// Never above (the global rate, or the dependency's ceiling).
-    pub cap: f64,
-}
-
-impl Limits {
-    fn clamp(&self, rate: f64) -> f64 {
-        rate.min(self.cap).max(self.floor)
-    }
-}
-
 /// One tenant's evidence of one dependency, and the allowance it argues
 /// for.
 #[derive(Debug, Clone)]
@@ -185,18 +142,6 @@ pub struct TenantHealth {
     /// The retries a second the tenant's own lane pays for (earned by
     /// those successes): its resting allowance is what they leave.
     lane: f64,
-}
-
-/// Retries granted and failed in the evidence window, and failed in its
-/// last [`RECENT_SECONDS`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Fates {
-    /// Granted in the window.
-    pub granted: u32,
-    /// Failed in the window.
-    pub failed: u32,
-    /// Failed in the last few seconds.
-    pub failed_recently: u32,
 }
 
 impl TenantHealth {
@@ -520,6 +465,7 @@ pub fn blend(tenants: impl IntoIterator<Item = (f64, u64)>, initial: f64) -> f64
     }
 }
 
+mod counts;
 mod explain;
 
 #[cfg(test)]

@@ -98,6 +98,10 @@ pub const DECAY: f64 = 0.9;
 /// granted retries were under this share of it: one a tenant's steady
 /// retries fill does not decay under them.
 pub const IN_USE_SHARE: f64 = 0.5;
+/// An allowance within this many retries a second of its rest has
+/// recovered: the rest moves with the tenant's lane, and one step of growth
+/// (at least one a second) closes a gap this small.
+pub const RECOVERED_WITHIN: f64 = 1.0;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
 /// Seconds after a cut (or a second failing well above the usual) in which
@@ -359,7 +363,7 @@ impl TenantHealth {
             HealthState::Trouble
         } else if !self.seen_any {
             HealthState::NoEvidence
-        } else if self.allowance < self.rest(limits) {
+        } else if self.allowance < self.rest(limits) - RECOVERED_WITHIN {
             HealthState::Recovering
         } else {
             HealthState::Healthy

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from collections import defaultdict
 
-CHECKPOINT_THREAD = "checkpoint thread (all of it)"
+ENGINE_THREADS = "fjall worker threads (all of them)"
 
 # Inclusive costs worth naming: (label, regex on the function name).
 FUNCTIONS = [
@@ -40,20 +40,22 @@ FUNCTIONS = [
     ("  ledger::Ledger::report", r"^retry_budget::ledger::Ledger<S>::(report::\{\{closure\}\}|try_report)$"),
     ("    ledger::Ledger::decide", r"^retry_budget::ledger::Ledger<S>::decide$"),
     ("    budget::activity::plan", r"^retry_budget::budget::activity::plan$"),
-    ("    RedbStore::load", r"RedbStore as retry_budget::store::Store>::(load::\{\{closure\}\}|load_now)$"),
-    ("    RedbStore::save (encode, hand-off)", r"RedbStore as retry_budget::store::Store>::save(::\{\{closure\}\})?$"),
+    ("    EmbeddedStore::load", r"EmbeddedStore as retry_budget::store::Store>::load::\{\{closure\}\}$"),
+    ("      fjall Keyspace::get", r"^fjall::keyspace::Keyspace::get$"),
+    ("    EmbeddedStore::save (encode, hand-off)", r"EmbeddedStore as retry_budget::store::Store>::save$"),
     ("    ledger::locks (lock + release)", r"^retry_budget::ledger::locks::KeyLocks::(lock::\{\{closure\}\}|try_lock)$|^<retry_budget::ledger::locks::KeyGuard as core::ops::drop::Drop>::drop$"),
     ("      record encode (protobuf)", r"^retry_budget::store::codec::encode_into$"),
     ("      store::codec::decode", r"^retry_budget::store::codec::decode$"),
     ("  grpc::convert Decided -> response", r"From<retry_budget::ledger::Decided>"),
-    ("journal writer thread (Writer::run)", r"^retry_budget::store::redb::writer::Writer::run$"),
-    ("  journal Segment::append", r"^retry_budget::store::journal::Segment::append$"),
-    ("checkpoint thread (checkpoint_into)", r"^retry_budget::store::redb::(tables::)?checkpoint_into$"),
-    # The thread's root, whether or not a checkpoint ran in the window.
-    (CHECKPOINT_THREAD, r"^retry_budget::store::redb::(writer::checkpoint_loop|checkpoint::run)$"),
-    ("  redb BtreeMut::insert", r"^redb::tree_store::btree::BtreeMut<K,V>::insert$"),
-    ("  redb WriteTransaction::commit", r"^redb::transactions::WriteTransaction::commit$"),
-    ("  memset in redb PagedCachedFile::write", r"^redb::tree_store::page_store::cached_file::PagedCachedFile::write$"),
+    ("store writer thread (Writer::run)", r"^retry_budget::store::embedded::writer::Writer::run$"),
+    ("  fjall WriteBatch::commit", r"^fjall::batch::WriteBatch::commit$"),
+    ("    fjall journal Writer::write_batch", r"^fjall::journal::writer::Writer::write_batch$"),
+    ("    lsm_tree Memtable::insert", r"^lsm_tree::memtable::Memtable::insert$"),
+    ("  fjall Database::persist", r"^fjall::db::Database::persist$"),
+    ("fjall flush (memtable to sorted file)", r"^fjall::flush::worker::run$"),
+    ("fjall compaction", r"^fjall::compaction::worker::run$"),
+    # The threads' loop, whether or not a flush or compaction ran in the window.
+    (ENGINE_THREADS, r"^fjall::worker_pool::worker_tick$"),
     ("health handler (tonic-health check)", r"HealthService as .*Health>::check::\{\{closure\}\}$"),
     ("prost decode (all messages)", r"^prost::encoding::.*merge|Message>::decode|ProstDecoder.*decode"),
     ("prost encode (all messages)", r"ProstEncoder.*encode|Message>::encode"),
@@ -195,12 +197,13 @@ def print_scenario(s, summary, p, requests, total):
     named = summary["functions_per_request"]
     for k, v in named.items():
         print(f"     {k:<40} {v:>9,.0f}  {100 * v / (total / requests):5.1f}%")
-    # A segment is checkpointed every 5 s or 8 MiB: a window holds none, one or two, so the
-    # total moves by thousands a decision from dump to dump; the request path does not.
-    if s.startswith("durable") and CHECKPOINT_THREAD in named:
-        path = total / requests - named[CHECKPOINT_THREAD]
-        summary["ir_per_request_without_checkpoints"] = path
-        print(f"   without the checkpoint thread (the request path): {path:,.0f} instructions a decision")
+    # fjall flushes a memtable once it is full and compacts the sorted files behind it: a
+    # window holds none, one or several, so the total moves from dump to dump; the request
+    # path does not.
+    if s.startswith("durable") and ENGINE_THREADS in named:
+        path = total / requests - named[ENGINE_THREADS]
+        summary["ir_per_request_without_engine_threads"] = path
+        print(f"   without fjall's worker threads (the request path): {path:,.0f} instructions a decision")
     if p.has_cache_sim():
         ll = summary["ll_misses"] = ll_report(p, requests)
         print(f"   last-level data misses a request (simulated LL of {ll['ll_kib']} KiB, reads and writes): "

@@ -7,8 +7,8 @@
 # 1. Saturation: a fresh server (CPU 0, retry bucket too large to defer) under the closed
 #    loop (CPU 1) of `--scenario mixed`, CONC (128) streams over CONN (4) connections,
 #    SAT_WARMUP (30 s) then SAT_SECONDS (60): its answered requests a second are S. The
-#    warm-up fills the store's backlog (`store.backlog_bytes`) where checkpoints fall
-#    behind, and the window is long beside its swings, so S is what checkpoints keep up with.
+#    window is long beside the swings of fjall's background work (memtable flushes,
+#    compactions), so S is what the store keeps up with, that work included.
 # 2. Soak: a fresh server with `--retry-rate` RATE_SHARE (0.6) of the open loop's rate (as
 #    much burst), `--success-deposit 0.1` and metrics, driven open loop at S / 2 a second in
 #    MINUTES one-minute runs; each activity reports ATTEMPTS (3) failures then its success,
@@ -46,7 +46,7 @@ echo "saturation: closed loop, $CONC streams, ${SAT_WARMUP} s warm-up, ${SAT_SEC
 loadgen --mode closed --warmup "${SAT_WARMUP}s" --duration "${SAT_SECONDS}s" --label soak/saturation >"$OUT/saturation.json"
 bench_stop
 if [ "$(field "$OUT/saturation.json" errors)" != 0 ]; then
-  echo "saturation: refusals $(field "$OUT/saturation.json" error_codes): the checkpoints bound it" >&2
+  echo "saturation: refusals $(field "$OUT/saturation.json" error_codes): S counts the answered requests only" >&2
 fi
 SAT=$(field "$OUT/saturation.json" throughput_rps)
 RATE=$(python3 -c "print(round($SAT / 2))")

@@ -251,15 +251,17 @@ TARGETS = [
     ("RSS MiB", "peak RSS, big store (MiB)"),
 ]
 
-# (column, group, server thread or None): us of server CPU a request in the closed loops.
+# (column, group, server threads or None): us of server CPU a request in the closed loops. A
+# column names the threads of either store: the fjall store's writer and engine workers, or
+# the redb-era journal writer and checkpoint thread of the runs in summary.jsonl.
 COSTS = [
     ("health", "closed/health", None),
     ("pure", "closed/pure-next-action", None),
     ("pure (dur)", "durable/pure-next-action", None),
     ("durable", "durable/group-commit", None),
-    ("worker", "durable/group-commit", "tokio-rt-worker"),
-    ("writer", "durable/group-commit", "redb-writer"),
-    ("checkpoint", "durable/group-commit", "redb-checkpoint"),
+    ("worker", "durable/group-commit", ("tokio-rt-worker",)),
+    ("writer", "durable/group-commit", ("store-writer", "redb-writer")),
+    ("engine", "durable/group-commit", ("fjall:worker", "redb-checkpoint")),
     ("1 fsync/dec", "durable/max-batch-1", None),
 ]
 
@@ -292,7 +294,8 @@ def summary_row(path):
     for heading, label, thread in COSTS:
         recs = [r for r in runs.get(label, []) if r.get("mode", "closed") == "closed"]
         if thread:
-            value = mean([(r.get("server_thread_cpu_us_per_request") or {}).get(thread) for r in recs])
+            value = mean([next((by[t] for t in thread if t in by), None)
+                          for by in ((r.get("server_thread_cpu_us_per_request") or {}) for r in recs)])
         else:
             value = mean([r.get("server_cpu_us_per_request") for r in recs])
         costs[heading] = None if value is None else round(value, 3)
@@ -392,7 +395,9 @@ def cost_report(paths):
             if h == "dur/pure":
                 values = [c["durable"] / c["pure (dur)"] for c in on_it if c.get("durable") and c.get("pure (dur)")]
             else:
-                values = [c[h] for c in on_it if c.get(h) is not None]
+                # Rows of the redb-era runs named the engine's column after its checkpoint thread.
+                values = [c.get(h, c.get("checkpoint") if h == "engine" else None) for c in on_it]
+                values = [v for v in values if v is not None]
             digits = 2 if h in ("dur/pure", "fsync ms") else 1
             cells.append(f"{statistics.median(values):.{digits}f}" if values else "-")
         lines.append(f"{machine:<{width}} {len(on_it):>4} " + " ".join(f"{c:>11}" for c in cells))
@@ -677,7 +682,8 @@ def main(argv):
     elif args.command == "across" and args.costs:
         print(cost_report(args.files))
         print("\nus of server CPU a request, closed loops at 128 streams, median of the runs; 'pure (dur)'")
-        print("on the group-commit servers; durable split worker / writer / checkpoint threads;")
+        print("on the group-commit servers; durable split worker / writer / engine threads (fjall's workers, or the")
+        print("checkpoint thread of the redb-era runs);")
         print("'1 fsync/dec' with --max-batch 1; fsync ms: the median probe of a 4 KiB write and fsync.")
     elif args.command == "across":
         print(across_report(args.files))

@@ -307,10 +307,10 @@ if grep -q 'SIGTERM received' <<<"$logs" && grep -q 'draining: health NOT_SERVIN
 else
   fail "the log shows a clean drain:"$'\n'"$logs"
 fi
-if files=$(docker run --rm --entrypoint ls -v "$VOLUME:/data" "$IMAGE" -A /data 2>&1) && [[ "$files" == retry-budget.redb ]]; then
-  pass "after a clean stop the data directory holds only retry-budget.redb (backup-ready)"
+if files=$(docker run --rm --entrypoint ls -v "$VOLUME:/data" "$IMAGE" -A /data 2>&1) && [[ "$files" == store ]]; then
+  pass "after a clean stop the data directory holds only store, fjall's directory (backup-ready)"
 else
-  fail "after a clean stop the data directory holds only retry-budget.redb: got ${files//$'\n'/ }"
+  fail "after a clean stop the data directory holds only store: got ${files//$'\n'/ }"
 fi
 
 # --- 5. deploy/compose.yaml, where a compose tool is installed ------------------------------

@@ -120,6 +120,8 @@ mod tests {
             .expect("a serve subcommand");
         let helped: std::collections::BTreeMap<String, (String, String)> = serve
             .get_arguments()
+            // Hidden flags are removed ones, refused when given.
+            .filter(|a| !a.is_hide_set())
             .filter_map(|a| {
                 let long = a.get_long()?;
                 let env = a

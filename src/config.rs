@@ -3,7 +3,7 @@
 //! [`Config`], in that order of precedence, lowest first: a flag beats its
 //! environment variable, which beats the file, which beats the default.
 //! Each default is declared once, in the `Default` of its section (the
-//! store's journal settings in `store::JournalOptions`, the bucket's in
+//! embedded store's in `store::EmbeddedStoreOptions`, the bucket's in
 //! `bucket::config`); `retry-budget --print-config` shows the result.
 //!
 //! ```toml
@@ -28,10 +28,6 @@
 //! [store]
 //! data_dir = "retry-budget-data"
 //! max_batch = 1024         # decisions one group commit (one fsync) carries
-//! commit_window = "2ms"
-//! journal_segment_bytes = 8388608  # 8 MiB (--journal-segment-mib 8)
-//! journal_segment_age = "5s"
-//! backlog_bytes = 25165824 # 24 MiB waiting for checkpoints, then saves are refused
 //! retention = "7days"      # closed or expired activities are kept this long
 //! sweep_interval = "1m"
 //! # postgres_url = "postgres://retry_budget@db:5432/retry_budget"  # several replicas
@@ -271,6 +267,7 @@ impl Config {
             message: e.to_string(),
         })?;
         overlay(&mut table, flags);
+        store::refuse_removed(&table)?;
         let config: Self = table.try_into().map_err(|e| ConfigError::Value {
             key: "command line",
             message: e.to_string(),
@@ -287,6 +284,11 @@ impl Config {
     }
 
     fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        // Before the typed parse, which would call a removed key unknown
+        // without naming what replaced it.
+        if let Ok(table) = text.parse::<toml::Table>() {
+            store::refuse_removed(&table)?;
+        }
         toml::from_str(text).map_err(|e| Self::invalid(path, &e))
     }
 
@@ -314,20 +316,8 @@ impl Config {
             key,
             message: message.to_owned(),
         };
-        if !(1..=65_536).contains(&self.store.journal.max_batch) {
+        if !(1..=65_536).contains(&self.store.max_batch) {
             return Err(value("store.max_batch", "must be 1 to 65536"));
-        }
-        if !(1 << 10..=1 << 30).contains(&self.store.journal.segment_bytes) {
-            return Err(value(
-                "store.journal_segment_bytes",
-                "must be 1 KiB to 1 GiB (1024 to 1073741824)",
-            ));
-        }
-        if self.store.journal.segment_age.is_zero() {
-            return Err(value(
-                "store.journal_segment_age",
-                "must be longer than zero",
-            ));
         }
         if !(1..=1024).contains(&self.store.pool_size) {
             return Err(value("store.pool_size", "must be 1 to 1024"));
@@ -506,7 +496,7 @@ mod tests {
         let printed = Config::default().to_toml().unwrap();
         let read: Config = toml::from_str(&printed).unwrap();
         assert_eq!(read.to_toml().unwrap(), printed);
-        assert!(printed.contains("commit_window = \"2ms\""), "{printed}");
+        assert!(printed.contains("max_batch = 1024"), "{printed}");
         read.validate().unwrap();
     }
 
@@ -515,21 +505,10 @@ mod tests {
         let err = toml::from_str::<Config>("[bucket]\nrat = 5.0\n").unwrap_err();
         assert!(err.to_string().contains("rat"), "{err}");
         assert!(toml::from_str::<Config>("[buckt]\n").is_err());
-        // [store]'s journal keys are flattened in from the store's own
-        // options: a typo among them is still refused.
         let err = toml::from_str::<Config>("[store]\nmax_bach = 1\n").unwrap_err();
         assert!(err.to_string().contains("max_bach"), "{err}");
-        assert!(toml::from_str::<Config>("[store]\ncommit_window = \"soon\"\n").is_err());
         for (text, key) in [
             ("[store]\nmax_batch = 0\n", "store.max_batch"),
-            (
-                "[store]\njournal_segment_bytes = 100\n",
-                "store.journal_segment_bytes",
-            ),
-            (
-                "[store]\njournal_segment_age = \"0s\"\n",
-                "store.journal_segment_age",
-            ),
             ("[bucket]\nrate = 0.0\n", "bucket"),
             (
                 "[limits]\nmax_message_bytes = 100\n",
@@ -548,5 +527,23 @@ mod tests {
             assert!(message.starts_with("config_invalid: "), "{message}");
             assert!(message.contains(key), "{text}: {message}");
         }
+    }
+
+    #[test]
+    fn a_file_setting_a_removed_journal_key_is_refused_naming_what_replaced_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for (key, _) in store::REMOVED {
+            let name = key.trim_start_matches("store.");
+            std::fs::write(&path, format!("[store]\n{name} = 1\n")).unwrap();
+            let message = Config::load(&path).unwrap_err().to_string();
+            assert!(message.starts_with("config_invalid: "), "{message}");
+            assert!(
+                message.contains(key) && message.contains("delete the key"),
+                "{message}"
+            );
+        }
+        std::fs::write(&path, "[store]\nmax_batch = 8\n").unwrap();
+        assert_eq!(Config::load(&path).unwrap().store.max_batch, 8);
     }
 }

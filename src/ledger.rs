@@ -378,15 +378,15 @@ impl<S: Store> Ledger<S> {
 pub(crate) mod tests {
     use super::*;
     use crate::budget::ErrorClass;
-    use crate::store::{RedbStore, RedbStoreOptions};
+    use crate::store::{EmbeddedStore, EmbeddedStoreOptions};
 
     const NOW: i64 = 1_700_000_000_000;
 
     /// A ledger over a redb store in a new temporary directory (kept alive
     /// by the first half), with a policy of 5 attempts in an hour.
-    pub(crate) fn ledger() -> (tempfile::TempDir, Arc<Ledger<RedbStore>>) {
+    pub(crate) fn ledger() -> (tempfile::TempDir, Arc<Ledger<EmbeddedStore>>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+        let store = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap();
         let defaults = Defaults {
             policy: Policy {
                 max_attempts: 5,

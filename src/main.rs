@@ -6,12 +6,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use retry_budget::cli::{Cli, Command, LogFormat};
-use retry_budget::store::RuntimeIdle;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of the system allocator: a request allocates and frees
-/// many small buffers, often on different threads (a record built on a
-/// runtime worker is dropped by the checkpoint thread), which the system
+/// many small buffers, often on different threads (a record encoded on a
+/// runtime worker is freed by the store's writer), which the system
 /// allocator serves through contended arenas.
 /// The `system-allocator` feature leaves it out, for tools that see only
 /// `malloc` (valgrind's DHAT).
@@ -20,15 +19,14 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let idle = RuntimeIdle::new();
-    let runtime = match runtime(&idle) {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("retry-budget: cannot start the runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(idle))
+    runtime.block_on(run())
 }
 
 /// tokio's multi-thread runtime, without its LIFO slot where the build
@@ -36,20 +34,15 @@ fn main() -> ExitCode {
 /// connection's task woken by an HTTP/2 stream that completes then runs
 /// after the other streams that are ready, and writes their responses in
 /// one `writev` instead of one each.
-///
-/// A worker about to park tells the store (`idle`): saves waiting out a
-/// group commit's window are then committed at once (see `RuntimeIdle`).
-fn runtime(idle: &RuntimeIdle) -> std::io::Result<tokio::runtime::Runtime> {
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    let idle = idle.clone();
-    builder.on_thread_park(move || idle.parking());
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
     builder.build()
 }
 
-async fn run(idle: RuntimeIdle) -> ExitCode {
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     let serve = match cli.command {
         None => cli.serve,
@@ -87,7 +80,7 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::warn!(%error, "cannot turn transparent huge pages off");
     }
-    let mut config = match serve.config() {
+    let config = match serve.config() {
         Ok(config) => config,
         Err(error) => {
             tracing::error!(%error, "cannot start");
@@ -106,7 +99,6 @@ async fn run(idle: RuntimeIdle) -> ExitCode {
             }
         };
     }
-    config.store.runtime_idle = Some(idle);
     let addr = config.server.listen;
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => listener,

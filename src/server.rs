@@ -29,7 +29,7 @@ use crate::coord::{CoordinationConfigError, Coordinator};
 use crate::grpc::pb;
 use crate::ledger::Ledger;
 use crate::metrics::{Metrics, Sources};
-use crate::store::{CommitStats, PgStore, RedbStore, Store, StoreError};
+use crate::store::{CommitStats, EmbeddedStore, PgStore, Store, StoreError};
 
 mod app;
 mod deadline;
@@ -107,25 +107,19 @@ pub async fn run_reloading(
             let counted = store.clone();
             let pool = store.coordination_pool().clone();
             let result = serve_with(listener, store, config, shutdown, Some(pool), reloads).await;
-            let [commits, saves, ..] = counted.commit_stats().snapshot();
+            let [commits, saves] = counted.commit_stats().snapshot();
             tracing::info!(commits, saves, "group commit totals");
             return result;
         }
         Backend::Embedded(options) => options,
     };
-    let store = RedbStore::open(&options)?;
+    let store = EmbeddedStore::open(&options)?;
     // A clone shares the counters; it is dropped when `run` returns, after
     // `serve` has released the ledger, so the file is freed as before.
     let counted = store.clone();
     let result = serve_with(listener, store, config, shutdown, None, reloads).await;
-    let [commits, saves, checkpoints, checkpointed] = counted.commit_stats().snapshot();
-    tracing::info!(
-        commits,
-        saves,
-        checkpoints,
-        checkpointed,
-        "group commit totals"
-    );
+    let [commits, saves] = counted.commit_stats().snapshot();
+    tracing::info!(commits, saves, "group commit totals");
     result
 }
 

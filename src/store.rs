@@ -16,16 +16,13 @@
 pub mod codec;
 mod commit_stats;
 pub mod copy;
-mod journal;
+mod embedded;
 mod postgres;
-mod redb;
 
 pub use self::commit_stats::{CommitObserver, CommitStats};
+pub use self::embedded::{DEFAULT_MAX_BATCH, EmbeddedStore, EmbeddedStoreOptions};
 pub(crate) use self::postgres::error_chain;
 pub use self::postgres::{MIGRATIONS, MigrateError, PgStore, PostgresOptions, migrate};
-#[doc(hidden)]
-pub use self::redb::CheckpointFault;
-pub use self::redb::{JournalOptions, RedbStore, RedbStoreOptions, RuntimeIdle};
 
 use std::error::Error;
 use std::future::Future;
@@ -45,7 +42,7 @@ use crate::budget::token::PaceRecord;
 /// there is one, is also the error's `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database or the journal refused or failed an operation.
+    /// The database refused or failed an operation.
     #[error("{}: {op}: {source}", codes::STORE_UNAVAILABLE)]
     Backend {
         /// What the store was doing, for people.
@@ -57,7 +54,7 @@ pub enum StoreError {
     /// A stored record could not be decoded.
     #[error("{}: record {key}: {source}", codes::STORE_CORRUPT)]
     Corrupt {
-        /// Which record (or journal segment).
+        /// Which record.
         key: String,
         /// What is wrong with its bytes.
         #[source]
@@ -76,10 +73,11 @@ pub enum StoreError {
         /// Which activity, as `tenant/activity_id`.
         key: String,
     },
-    /// Too much waits to be checkpointed (checkpoints fall behind or fail):
-    /// the save is refused rather than held in memory without bound.
+    /// Too many saves wait for the store's writer (the disk is slower than
+    /// the requests): the save is refused rather than held in memory
+    /// without bound.
     #[error(
-        "{}: too many saves wait for a checkpoint; retry after {} ms",
+        "{}: too many saves wait to be written; retry after {} ms",
         codes::STORE_BACKLOGGED,
         retry_after.as_millis()
     )]

@@ -37,8 +37,6 @@ METRICS = {
     "retry_budget_store_commit_seconds",
     "retry_budget_store_commits_total",
     "retry_budget_store_saves_total",
-    "retry_budget_store_checkpoints_total",
-    "retry_budget_store_checkpointed_total",
     "retry_budget_bucket_rate",
     "retry_budget_bucket_burst",
     "retry_budget_bucket_tokens",

@@ -171,9 +171,9 @@ pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 pub const STORE_CORRUPT: &str = "store_corrupt";
 /// The store is shutting down and takes no more writes.
 pub const STORE_CLOSED: &str = "store_closed";
-/// Too many saves wait for a checkpoint (checkpoints fall behind or fail):
-/// the store refuses new ones, with a time to come back, until a checkpoint
-/// frees room.
+/// Too many saves wait to be written (the disk is slower than the
+/// requests): the store refuses new ones, with a time to come back, until
+/// the writer catches up.
 pub const STORE_BACKLOGGED: &str = "store_backlogged";
 /// Another replica kept changing the activity while this one decided, more
 /// times in a row than the ledger tries again: nothing was acknowledged,

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{ENV_DATA_DIR, ENV_POSTGRES_URL};
 use crate::config::DEFAULT_DATA_DIR;
-use crate::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions, copy};
+use crate::store::{EmbeddedStore, EmbeddedStoreOptions, PgStore, PostgresOptions, copy};
 
 /// Options of `migrate`.
 #[derive(Debug, Clone, Args)]
@@ -63,8 +63,8 @@ async fn run(args: &MigrateArgs) -> Result<copy::Copied, String> {
         .map_err(|e| format!("{}: {e}", args.data_dir.display()))?
         .display()
         .to_string();
-    let from =
-        RedbStore::open(&RedbStoreOptions::new(&args.data_dir)).map_err(|e| e.to_string())?;
+    let from = EmbeddedStore::open(&EmbeddedStoreOptions::new(&args.data_dir))
+        .map_err(|e| e.to_string())?;
     let to = PgStore::open(&PostgresOptions {
         url: args.postgres_url.clone(),
         pool_size: 2,

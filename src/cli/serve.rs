@@ -188,26 +188,17 @@ struct StoreFlags {
     /// each decision alone [store.max_batch].
     #[arg(long)]
     max_batch: Option<usize>,
-    /// Under load (the last group commit carried more than one decision),
-    /// how long from the start of one group commit the next may wait for
-    /// decisions to share its fsync; it starts sooner once as many wait as
-    /// recent groups carried, or once the server has nothing else to do. A
-    /// decision that arrives alone is committed at once. 0s commits as soon
-    /// as the previous fsync returns [store.commit_window].
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Removed (the embedded store keeps no journal of its own): refused
+    /// with what replaced it.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "duration")]
     commit_window: Option<Duration>,
-    /// A journal segment this large (MiB) is checkpointed into the database.
-    /// Decisions waiting for a checkpoint are held in memory: about two
-    /// segments' worth, and up to three while a checkpoint is slow
-    /// [store.journal_segment_bytes, in MiB here].
-    #[arg(long)]
+    /// Removed, as `--commit-window` is.
+    #[arg(long, hide = true)]
     #[serde(rename = "journal_segment_bytes", serialize_with = "mebibytes")]
     journal_segment_mib: Option<u32>,
-    /// A journal segment older than this is checkpointed even when small, so
-    /// that the database is never far behind and a restart after a crash
-    /// replays little [store.journal_segment_age].
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Removed, as `--commit-window` is.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "duration")]
     journal_segment_age: Option<Duration>,
     /// How long closed (or expired) activities are kept [store.retention].

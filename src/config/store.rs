@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{JournalOptions, PostgresOptions, RedbStoreOptions, RuntimeIdle};
+use crate::store::{DEFAULT_MAX_BATCH, EmbeddedStoreOptions, PostgresOptions};
 
 /// `[store]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -14,12 +14,9 @@ use crate::store::{JournalOptions, PostgresOptions, RedbStoreOptions, RuntimeIdl
 pub struct StoreConfig {
     /// The directory of the embedded store (created if missing).
     pub data_dir: PathBuf,
-    /// How decisions are grouped into commits and when the journal is
-    /// checkpointed: `max_batch`, `commit_window`, `journal_segment_bytes`,
-    /// `journal_segment_age`, `backlog_bytes`, declared in
-    /// [`JournalOptions`]. PostgreSQL reads `max_batch` too.
-    #[serde(flatten)]
-    pub journal: JournalOptions,
+    /// The most decisions one group commit (one fsync, or one PostgreSQL
+    /// transaction) carries; 1 commits each alone. 1 to 65536.
+    pub max_batch: usize,
     /// How long closed (or expired) activities are kept.
     #[serde(with = "super::duration")]
     pub retention: Duration,
@@ -49,10 +46,6 @@ pub struct StoreConfig {
     /// connection included, before the call gets `store_unavailable`.
     #[serde(with = "super::duration")]
     pub db_timeout: Duration,
-    /// Set by the binary, not configurable: its runtime tells the store
-    /// when a worker parks, ending a group commit's window early.
-    #[serde(skip)]
-    pub runtime_idle: Option<RuntimeIdle>,
 }
 
 /// The data directory of `cargo run` with no configuration.
@@ -62,14 +55,13 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             data_dir: DEFAULT_DATA_DIR.into(),
-            journal: JournalOptions::default(),
+            max_batch: DEFAULT_MAX_BATCH,
             retention: Duration::from_secs(7 * 24 * 3600),
             sweep_interval: Duration::from_secs(60),
             postgres_url: None,
             db_ca_file: None,
             pool_size: 16,
             db_timeout: Duration::from_secs(2),
-            runtime_idle: None,
         }
     }
 }
@@ -78,8 +70,8 @@ impl Default for StoreConfig {
 /// `postgres_url` is set, with only the settings that store reads.
 #[derive(Debug, Clone)]
 pub enum Backend {
-    /// The embedded journal and redb, in `data_dir`.
-    Embedded(RedbStoreOptions),
+    /// The embedded store, in `data_dir`.
+    Embedded(EmbeddedStoreOptions),
     /// PostgreSQL, shared by several replicas.
     Postgres(PostgresOptions),
 }
@@ -92,20 +84,16 @@ impl StoreConfig {
                 url: url.clone(),
                 pool_size: self.pool_size,
                 timeout: self.db_timeout,
-                max_batch: self.journal.max_batch,
+                max_batch: self.max_batch,
                 ca_file: self.db_ca_file.clone(),
             }),
-            None => Backend::Embedded(self.redb_options()),
+            None => Backend::Embedded(self.embedded_options()),
         }
     }
 
     /// The embedded store's settings (also what `migrate` reads from).
-    pub fn redb_options(&self) -> RedbStoreOptions {
-        RedbStoreOptions {
-            journal: self.journal.clone(),
-            runtime_idle: self.runtime_idle.clone(),
-            ..RedbStoreOptions::new(&self.data_dir)
-        }
+    pub fn embedded_options(&self) -> EmbeddedStoreOptions {
+        EmbeddedStoreOptions::with_max_batch(&self.data_dir, self.max_batch)
     }
 }
 
@@ -134,4 +122,50 @@ fn redacted_url<S: serde::Serializer>(url: &Option<String>, out: S) -> Result<S:
             .join(" ")
     };
     out.serialize_some(&hidden)
+}
+
+/// `[store]` keys of the journal the embedded store kept before it moved
+/// onto fjall's own, and what to do instead of each.
+pub const REMOVED: [(&str, &str); 4] = [
+    (
+        "store.commit_window",
+        "removed: a group commit now takes whatever waits as soon as the previous fsync \
+         returns; delete the key (max_batch still bounds a group)",
+    ),
+    (
+        "store.journal_segment_bytes",
+        "removed: the embedded store keeps no journal of its own (fjall's is sized by \
+         fjall); delete the key",
+    ),
+    (
+        "store.journal_segment_age",
+        "removed: the embedded store keeps no journal of its own, nothing waits for a \
+         checkpoint; delete the key",
+    ),
+    (
+        "store.backlog_bytes",
+        "removed: saves are refused with store_backlogged once 16 groups of max_batch wait \
+         for the disk; delete the key",
+    ),
+];
+
+/// Refuses a configuration that sets a [`REMOVED`] key, naming what
+/// replaced it.
+///
+/// # Errors
+/// [`super::ConfigError::Value`] for the first removed key set.
+pub fn refuse_removed(table: &toml::Table) -> Result<(), super::ConfigError> {
+    let Some(store) = table.get("store").and_then(toml::Value::as_table) else {
+        return Ok(());
+    };
+    for (key, message) in REMOVED {
+        let name = key.trim_start_matches("store.");
+        if store.contains_key(name) {
+            return Err(super::ConfigError::Value {
+                key,
+                message: (*message).to_owned(),
+            });
+        }
+    }
+    Ok(())
 }

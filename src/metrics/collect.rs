@@ -14,9 +14,9 @@ use tokio::sync::watch;
 use crate::bucket::FairBucket;
 use crate::coord::{CoordinationState, CoordinationStatus};
 
-/// Reads the store's commit counters (commits, saves, checkpoints,
-/// records checkpointed), if the store is still there.
-pub type CommitCounters = Box<dyn Fn() -> Option<[u64; 4]> + Send + Sync>;
+/// Reads the store's commit counters (commits, saves), if the store is
+/// still there.
+pub type CommitCounters = Box<dyn Fn() -> Option<[u64; 2]> + Send + Sync>;
 
 /// Where the scraped figures come from.
 pub struct Sources {
@@ -145,22 +145,10 @@ impl Collector for Scraped {
             }
             dependencies(e, bucket, self.top.dependencies)?;
         }
-        if let Some([commits, saves, checkpoints, checkpointed]) = (self.sources.commits)() {
+        if let Some([commits, saves]) = (self.sources.commits)() {
             let e = &mut encoder;
             counter(e, "store_commits", "Group commits made", commits)?;
             counter(e, "store_saves", "Decisions those commits carried", saves)?;
-            counter(
-                e,
-                "store_checkpoints",
-                "Checkpoints into the embedded database",
-                checkpoints,
-            )?;
-            counter(
-                e,
-                "store_checkpointed",
-                "Records those checkpoints wrote",
-                checkpointed,
-            )?;
         }
         if let Some(state) = &self.sources.coordination {
             let state = state.borrow().clone();

@@ -1,5 +1,5 @@
-//! How an activity record is written down, in the journal and in the
-//! database: one format byte, then the record.
+//! How an activity record is written down, in the embedded store and in
+//! PostgreSQL: one format byte, then the record.
 //!
 //! - `0x02`: protobuf, the message `retrybudget.store.v1.ActivityRecord` of
 //!   `proto/retrybudget/store/v1/record.proto`. Fields are found by number,
@@ -61,7 +61,6 @@ pub enum DecodeError {
     },
 }
 
-/// Appends `record` to `out`, format byte first.
 /// A dependency's pace, as the stores keep it: protobuf
 /// `retrybudget.store.v1.DependencyPace`, without a format byte (the
 /// message's own fields carry its versions).
@@ -78,6 +77,7 @@ pub fn decode_pace(bytes: &[u8]) -> Result<PaceRecord, DecodeError> {
     Ok(stored.into())
 }
 
+/// Appends `record` to `out`, format byte first.
 pub fn encode_into(record: &ActivityRecord, out: &mut Vec<u8>) {
     out.push(PROTOBUF_V1);
     pb::ActivityRecord::from(record)

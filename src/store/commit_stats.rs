@@ -4,19 +4,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Group-commit and checkpoint counters of a store, for metrics and
-/// benchmarks (the checkpoint ones stay 0 on PostgreSQL).
+/// Group-commit counters of a store, for metrics and benchmarks.
 #[derive(Default)]
 pub struct CommitStats {
-    /// Group commits (journal `fdatasync`s) made.
+    /// Group commits (fsyncs, or PostgreSQL transactions) made.
     pub commits: AtomicU64,
     /// Saves those commits carried.
     pub saves: AtomicU64,
-    /// Checkpoints (redb transactions) made.
-    pub checkpoints: AtomicU64,
-    /// Records those checkpoints wrote: fewer than `saves` when an activity
-    /// was saved more than once within a segment.
-    pub checkpointed: AtomicU64,
     /// Told of each group commit (its saves, how long it took), once
     /// metrics are on.
     observer: std::sync::OnceLock<CommitObserver>,
@@ -48,14 +42,11 @@ impl CommitStats {
         let _ = self.observer.set(observer);
     }
 
-    /// The counters as plain numbers: commits, saves, checkpoints, records
-    /// checkpointed.
-    pub fn snapshot(&self) -> [u64; 4] {
+    /// The counters as plain numbers: commits, saves.
+    pub fn snapshot(&self) -> [u64; 2] {
         [
             self.commits.load(Ordering::Relaxed),
             self.saves.load(Ordering::Relaxed),
-            self.checkpoints.load(Ordering::Relaxed),
-            self.checkpointed.load(Ordering::Relaxed),
         ]
     }
 }

@@ -4,7 +4,7 @@
 //! copy got) and idempotent (a record already there at the same or a later
 //! version is left as it is).
 
-use super::{PgStore, RedbStore, Store, StoreError};
+use super::{EmbeddedStore, PgStore, Store, StoreError};
 
 /// What a copy did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,14 +25,13 @@ pub struct Copied {
 /// A failure of either store; what was committed before it stays, and the
 /// next run resumes from there.
 pub async fn embedded_to_postgres(
-    from: &RedbStore,
+    from: &EmbeddedStore,
     source: &str,
     to: &PgStore,
     batch: usize,
     from_start: bool,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Copied, StoreError> {
-    from.checkpoint().await?;
     let total = from.count().await?;
     to.ready().await?;
     let resumed = if from_start {

@@ -172,54 +172,6 @@ async fn sigkill_mid_load_loses_no_acknowledged_decision() {
     );
 }
 
-/// The newest journal segment's generation in `dir` (0 when none).
-fn newest_segment(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| {
-                    let name = e.ok()?.file_name().into_string().ok()?;
-                    name.strip_prefix("journal-")?
-                        .strip_suffix(".log")?
-                        .parse()
-                        .ok()
-                })
-                .max()
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
-}
-
-/// A crash while checkpoints run: small, short-lived journal segments, so
-/// that the journal is rotated and written into the database over and over
-/// under load, until the kill.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_while_checkpoints_run_loses_no_acknowledged_decision() {
-    let dir = tempfile::tempdir().unwrap();
-    let small = [
-        "--journal-segment-mib",
-        "1",
-        "--journal-segment-age",
-        "20ms",
-    ];
-    let (child, url) = spawn_server(dir.path(), &small).await;
-    let first_segment = newest_segment(dir.path());
-    // Killed once enough decisions were acknowledged and several segments
-    // were rotated (each one handed to the checkpoint thread).
-    let rotated = |d: &Path| newest_segment(d).saturating_sub(first_segment);
-    let acked = kill_under_load(child, &url, 8, |acked| {
-        acked >= 2_000 && rotated(dir.path()) >= 10
-    })
-    .await;
-    let rotations = rotated(dir.path());
-    check_survivors(dir.path(), &acked).await;
-    eprintln!(
-        "{} activities, {} acknowledged decisions over {rotations} segment rotations survived SIGKILL",
-        acked.len(),
-        acked.values().sum::<u32>()
-    );
-}
-
 /// The server turns transparent huge pages off for itself (see main.rs):
 /// the kernel reports it in `/proc/PID/status`.
 #[cfg(target_os = "linux")]

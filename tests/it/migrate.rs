@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::{TestServer, get, pb, report};
 use postgres::TestDb;
-use retry_budget::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions, Store, copy};
+use retry_budget::store::{
+    EmbeddedStore, EmbeddedStoreOptions, PgStore, PostgresOptions, Store, copy,
+};
 use tokio::process::Command;
 
 /// Records `n` activities with 1 to 3 attempts each through a real server
@@ -90,7 +92,7 @@ async fn a_copy_that_stopped_resumes_where_it_stopped() {
         return;
     };
     let dir = embedded_store(25).await;
-    let from = Arc::new(RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap());
+    let from = Arc::new(EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap());
     let options = PostgresOptions {
         url: db.url.clone(),
         pool_size: 2,

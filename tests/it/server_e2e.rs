@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{TestServer, pb, report};
 use retry_budget::budget::activity::{ActivityKey, ActivityRecord};
 use retry_budget::server;
-use retry_budget::store::{RedbStore, RedbStoreOptions, Replaced, Store, StoreError};
+use retry_budget::store::{EmbeddedStore, EmbeddedStoreOptions, Replaced, Store, StoreError};
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -92,7 +92,7 @@ async fn health_serves_both_names() {
 /// speed.
 #[derive(Clone)]
 struct HeldSaves {
-    inner: RedbStore,
+    inner: EmbeddedStore,
     /// Told when a save arrives.
     entered: Arc<Notify>,
     /// Saves wait until this is true.
@@ -149,7 +149,7 @@ async fn draining_says_not_serving_answers_for_the_drain_delay_then_refuses_and_
     let entered = Arc::new(Notify::new());
     let release = Arc::new(watch::Sender::new(false));
     let store = HeldSaves {
-        inner: RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap(),
+        inner: EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap(),
         entered: Arc::clone(&entered),
         release: Arc::clone(&release),
     };
@@ -247,7 +247,7 @@ async fn draining_says_not_serving_answers_for_the_drain_delay_then_refuses_and_
     );
 
     // What the call in flight was told is durable.
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
+    let store = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap();
     let key = ActivityKey {
         tenant: "default".into(),
         activity_id: "in-flight".into(),
@@ -323,7 +323,7 @@ async fn the_store_is_released_when_the_server_returns() {
             .await
             .expect("served");
         server.stop().await.expect("clean stop");
-        let reopened = RedbStore::open(&RedbStoreOptions::new(dir.path()));
+        let reopened = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path()));
         assert!(reopened.is_ok(), "round {round}: {:?}", reopened.err());
         drop(client);
     }

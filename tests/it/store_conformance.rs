@@ -5,7 +5,7 @@
 use crate::common::postgres;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use postgres::TestDb;
@@ -15,7 +15,7 @@ use retry_budget::budget::activity::{
 };
 use retry_budget::budget::token::{HealthState, PaceRecord, TenantPaceRecord};
 use retry_budget::store::{
-    CheckpointFault, PgStore, PostgresOptions, RedbStore, RedbStoreOptions, Replaced, Store,
+    EmbeddedStore, EmbeddedStoreOptions, PgStore, PostgresOptions, Replaced, Store,
 };
 
 const NOW: i64 = 1_800_000_000_000;
@@ -249,10 +249,13 @@ async fn paces<S: Store, F: Fn() -> S>(store: S, open: F) {
 }
 
 #[tokio::test]
-async fn redb_store_conforms() {
+async fn embedded_store_conforms() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    conformance(move || RedbStore::open(&RedbStoreOptions::new(&path)).expect("open redb")).await;
+    conformance(move || {
+        EmbeddedStore::open(&EmbeddedStoreOptions::new(&path)).expect("open the embedded store")
+    })
+    .await;
 }
 
 fn postgres(db: &TestDb) -> PostgresOptions {
@@ -301,9 +304,9 @@ async fn postgres_saves_that_arrive_together_share_a_commit() {
 }
 
 #[tokio::test]
-async fn redb_saves_that_arrive_together_share_a_commit() {
+async fn embedded_saves_that_arrive_together_share_a_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap());
+    let store = Arc::new(EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap());
     let mut tasks = Vec::new();
     for i in 0..500 {
         let store = Arc::clone(&store);
@@ -322,14 +325,15 @@ async fn redb_saves_that_arrive_together_share_a_commit() {
     let saves = stats.saves.load(Ordering::Relaxed);
     assert_eq!(saves, 500);
     assert!(commits < 250, "{commits} commits for {saves} saves");
+    assert_eq!(store.count().await.unwrap(), 500);
 }
 
 #[tokio::test]
-async fn redb_batch_of_one_commits_each_save_alone() {
+async fn embedded_batch_of_one_commits_each_save_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = RedbStoreOptions::new(dir.path());
-    options.journal.max_batch = 1;
-    let store = Arc::new(RedbStore::open(&options).unwrap());
+    let mut options = EmbeddedStoreOptions::new(dir.path());
+    options.max_batch = 1;
+    let store = Arc::new(EmbeddedStore::open(&options).unwrap());
     let mut tasks = Vec::new();
     for i in 0..20 {
         let store = Arc::clone(&store);
@@ -348,345 +352,71 @@ async fn redb_batch_of_one_commits_each_save_alone() {
 }
 
 #[tokio::test]
-async fn a_second_process_cannot_open_the_same_file() {
+async fn a_second_process_cannot_open_the_same_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let _first = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    let second = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap_err();
+    let _first = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap();
+    let second = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap_err();
     assert!(
         second.to_string().starts_with("store_unavailable"),
         "{second}"
     );
 }
 
-#[tokio::test]
-async fn redb_store_conforms_with_a_checkpoint_after_every_group() {
+/// With room for one save waiting, saves sent together from many threads
+/// find the writer busy with an fsync: those past the room are refused at
+/// once with `store_backlogged` and a time to come back, nothing of them
+/// is written, and each is taken when sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn saves_past_the_writers_room_are_refused_and_taken_when_sent_again() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    conformance(move || {
-        let mut options = RedbStoreOptions::new(&path);
-        // Every group fills a segment: checkpoints run all the time, so
-        // loads meet records in the active set, the frozen set and redb.
-        options.journal.segment_bytes = 1;
-        options.journal.commit_window = Duration::ZERO;
-        RedbStore::open(&options).expect("open redb")
-    })
-    .await;
-}
-
-fn journal_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut found: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("journal-"))
-        })
-        .collect();
-    found.sort();
-    found
-}
-
-/// A store that, when dropped, leaves its journal as a crash would: without
-/// the final checkpoint.
-fn open_to_crash(dir: &std::path::Path) -> RedbStore {
-    let mut options = RedbStoreOptions::new(dir);
-    options.checkpoint_on_close = false;
-    RedbStore::open(&options).unwrap()
-}
-
-/// The store is dropped without its final checkpoint, as a crash would
-/// leave it (the SIGKILL test in `tests/it/crash.rs` does the same to the real
-/// binary): what was acknowledged is only in the journal, whose last group
-/// is torn. Reopening replays it into redb, purge index included.
-#[tokio::test]
-async fn redb_journal_is_replayed_after_a_crash() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_to_crash(dir.path());
-    let mut expected = Vec::new();
-    for i in 0..50 {
-        let k = key("crash", &format!("act-{i}"));
-        let first = record(&k, ErrorClass::Transient, 3600);
-        store.save(first.clone(), None).await.unwrap();
-        if i % 5 == 0 {
-            let closed = record_success(first.clone(), Some(NOW + 1), NOW + 2).expect("open");
-            store
-                .save(closed.clone(), Some(Replaced::of(&first)))
-                .await
-                .unwrap();
-            expected.push(closed);
-        } else {
-            expected.push(first);
+    let mut options = EmbeddedStoreOptions::new(dir.path());
+    options.max_pending = 1;
+    let store = Arc::new(EmbeddedStore::open(&options).unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let r = record(
+                &key("room", &format!("act-{i}")),
+                ErrorClass::Transient,
+                3600,
+            );
+            let first = store.save(r.clone(), None).await;
+            (r, first)
+        }));
+    }
+    let mut refused = Vec::new();
+    let mut taken = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (r, Ok(())) => taken.push(r),
+            (r, Err(e)) => {
+                assert_eq!(e.code(), "store_backlogged", "{e}");
+                assert!(e.to_string().starts_with("store_backlogged: "), "{e}");
+                assert!(e.retry_after().is_some_and(|d| d > Duration::ZERO));
+                assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+                assert_eq!(
+                    loaded(&*store, &r.key()).await,
+                    None,
+                    "a refused save wrote nothing"
+                );
+                refused.push(r);
+            }
         }
     }
-    drop(store);
-
-    let segments = journal_segments(dir.path());
-    assert_eq!(segments.len(), 1, "nothing was checkpointed: {segments:?}");
-    // A group whose fdatasync never returned: a frame announcing 32 bytes,
-    // a wrong checksum, and only 3 bytes of payload.
-    let mut torn = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&segments[0])
-        .unwrap();
-    std::io::Write::write_all(&mut torn, &[32, 0, 0, 0, 9, 9, 9, 9, 1, 2, 3]).unwrap();
-    drop(torn);
-
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    let replayed = journal_segments(dir.path());
-    assert_eq!(replayed.len(), 1, "only the new segment is left");
-    assert_ne!(replayed[0], segments[0]);
-    for r in &expected {
-        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
-    }
-    assert_eq!(store.count().await.unwrap(), 50);
-    // The ten closed ones were put in the purge index by the replay.
-    assert_eq!(store.purge(NOW + 3, 1000).await.unwrap(), 10);
-    assert_eq!(store.count().await.unwrap(), 40);
-}
-
-#[tokio::test]
-async fn redb_a_closed_store_leaves_no_journal_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    let k = key("clean", "a");
-    let r = record(&k, ErrorClass::Transient, 60);
-    store.save(r.clone(), None).await.unwrap();
-    drop(store);
-    assert_eq!(
-        journal_segments(dir.path()),
-        Vec::<std::path::PathBuf>::new()
-    );
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    assert_eq!(loaded(&store, &k).await, Some(r));
-}
-
-/// A checkpointed segment is recycled: the next segment writes over it, and
-/// past its new entries it still holds its old ones, intact. A crash then
-/// must replay only the new ones: replaying an old one would put back a
-/// version older than the one redb holds.
-#[tokio::test]
-async fn redb_a_recycled_segment_replays_only_its_new_entries() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_to_crash(dir.path());
-    let keys: Vec<_> = (0..10).map(|i| key("recycle", &format!("k{i}"))).collect();
-    let firsts: Vec<_> = keys
-        .iter()
-        .map(|k| record(k, ErrorClass::Transient, 3600))
-        .collect();
-    for first in &firsts {
-        store.save(first.clone(), None).await.unwrap();
-    }
-    // The segment holding the ten first versions is checkpointed and kept
-    // as the spare.
-    store.checkpoint().await.unwrap();
-    assert!(dir.path().join("journal.spare").exists());
-    let mut newest = Vec::new();
-    for first in &firsts {
-        let closed = record_success(first.clone(), Some(NOW + 1), NOW + 2).expect("open");
-        store
-            .save(closed.clone(), Some(Replaced::of(first)))
-            .await
-            .unwrap();
-        newest.push(closed);
-    }
-    // The next segment is the spare, written over; the closed versions are
-    // checkpointed into redb.
-    store.checkpoint().await.unwrap();
-    // One new entry, as long as the old first one ("x0" and "k0" are the
-    // same length): the old second entry is now where a next entry would be.
-    let x0 = record(&key("recycle", "x0"), ErrorClass::Transient, 3600);
-    store.save(x0.clone(), None).await.unwrap();
-    drop(store);
-
-    let segments = journal_segments(dir.path());
-    assert_eq!(segments.len(), 1, "{segments:?}");
-    let len = std::fs::metadata(&segments[0]).unwrap().len();
-    assert!(len > 1000, "the segment is the recycled one ({len} bytes)");
-
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    for r in newest.iter().chain([&x0]) {
-        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
-    }
-    assert_eq!(store.count().await.unwrap(), 11);
-}
-
-/// Where a spare cannot be recycled (here it is replaced by a directory, as
-/// a file system that refuses the rename would fail it), the store creates
-/// new segments, deletes checkpointed ones, and loses nothing.
-#[tokio::test]
-async fn redb_a_spare_that_cannot_be_recycled_changes_nothing_stored() {
-    let dir = tempfile::tempdir().unwrap();
-    let spare = dir.path().join("journal.spare");
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    let mut saved = Vec::new();
-    for i in 0..4 {
-        let r = record(&key("spare", &format!("a{i}")), ErrorClass::Transient, 3600);
-        store.save(r.clone(), None).await.unwrap();
-        saved.push(r);
-        store.checkpoint().await.unwrap();
-        if i == 0 {
-            assert!(spare.is_file(), "the first checkpoint kept its segment");
-            std::fs::remove_file(&spare).unwrap();
-            std::fs::create_dir(&spare).unwrap();
-            std::fs::write(spare.join("in the way"), b"").unwrap();
-        }
-        assert_eq!(journal_segments(dir.path()).len(), 1, "after save {i}");
-    }
-    for r in &saved {
-        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
-    }
-    drop(store);
-    assert!(spare.join("in the way").exists(), "left alone");
-    std::fs::remove_dir_all(&spare).unwrap();
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    for r in &saved {
-        assert_eq!(store.load(&r.key()).await.unwrap().as_ref(), Some(r));
-    }
-    assert_eq!(store.count().await.unwrap(), 4);
-}
-
-/// Generations start again at 1 when a store opens on a directory with no
-/// segment. A spare left by an earlier run may hold entries of the very
-/// generation it would be recycled as: reopening must not recycle it, or a
-/// crash would replay one of those old entries over a newer version.
-#[tokio::test]
-async fn redb_a_spare_left_by_an_earlier_run_is_not_recycled() {
-    let dir = tempfile::tempdir().unwrap();
-    let k = key("earlier", "k");
-    let v1 = record(&k, ErrorClass::Transient, 3600);
-    let v2 = next_failure(&v1);
-    let v3 = record_success(v2.clone(), Some(NOW + 2), NOW + 3).expect("open");
-    {
-        // Generation 1 holds v1, generation 2 v2; after the second
-        // checkpoint the spare is generation 2's file, holding v2.
-        let store = open_to_crash(dir.path());
-        store.save(v1.clone(), None).await.unwrap();
-        store.checkpoint().await.unwrap();
-        store
-            .save(v2.clone(), Some(Replaced::of(&v1)))
-            .await
-            .unwrap();
-        store.checkpoint().await.unwrap();
-    }
-    // No segment left (the one being written held nothing): the next run
-    // starts at generation 1 again.
-    for segment in journal_segments(dir.path()) {
-        std::fs::remove_file(segment).unwrap();
-    }
-    assert!(dir.path().join("journal.spare").exists());
-    {
-        // v3 is saved in generation 1 and checkpointed into redb; the
-        // writer moves on to generation 2, and the run ends before it
-        // writes anything there.
-        let store = open_to_crash(dir.path());
-        assert_eq!(loaded(&store, &k).await.as_ref(), Some(&v2));
-        store
-            .save(v3.clone(), Some(Replaced::of(&v2)))
-            .await
-            .unwrap();
-        store.checkpoint().await.unwrap();
-    }
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    assert_eq!(loaded(&store, &k).await.as_ref(), Some(&v3));
-}
-
-/// A checkpoint that keeps failing (as when the database refuses its
-/// writes) does not make the store hold saves without bound: once the
-/// journal waiting for a checkpoint reaches `backlog_bytes`, saves are
-/// refused at once with `store_backlogged` and a time to come back
-/// (`UNAVAILABLE` at the gRPC edge). What was acknowledged stays readable,
-/// and once checkpoints succeed again saves are taken and everything
-/// acknowledged reaches the database.
-#[tokio::test]
-async fn redb_a_failing_checkpoint_refuses_saves_instead_of_holding_them() {
-    const BACKLOG: u64 = 16 << 10;
-    let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(AtomicBool::new(true));
-    let mut options = RedbStoreOptions::new(dir.path());
-    options.journal.segment_bytes = 2 << 10;
-    options.journal.backlog_bytes = BACKLOG;
-    options.journal.commit_window = Duration::ZERO;
-    options.checkpoint_fault = Some(CheckpointFault(Arc::new({
-        let failing = Arc::clone(&failing);
-        move || failing.load(Ordering::SeqCst)
-    })));
-    let store = RedbStore::open(&options).unwrap();
-    let next = |n: usize| {
-        record(
-            &key("backlog", &format!("act-{n}")),
-            ErrorClass::Transient,
-            3600,
-        )
-    };
-
-    let mut acknowledged = Vec::new();
-    let refused = loop {
-        let r = next(acknowledged.len());
-        match store.save(r.clone(), None).await {
-            Ok(()) => acknowledged.push(r),
-            Err(e) => break e,
-        }
-        assert!(acknowledged.len() < 1000, "saves were never refused");
-    };
-    assert!(
-        acknowledged.len() > 10,
-        "refused too soon: {}",
-        acknowledged.len()
-    );
-    assert_eq!(refused.code(), "store_backlogged", "{refused}");
-    assert!(
-        refused.to_string().starts_with("store_backlogged: "),
-        "{refused}"
-    );
-    let retry_after = refused.retry_after().expect("a time to come back");
-    assert!(retry_after > Duration::ZERO);
-    assert_eq!(
-        tonic::Status::from(refused).code(),
-        tonic::Code::Unavailable
-    );
-
-    // Refused again, not taken: the journal stays within the bound (plus
-    // the one save that reached it), and so do the records in memory.
-    let again = store
-        .save(next(acknowledged.len()), None)
-        .await
-        .unwrap_err();
-    assert_eq!(again.code(), "store_backlogged");
-    let journal: u64 = journal_segments(dir.path())
-        .iter()
-        .map(|p| std::fs::metadata(p).unwrap().len())
-        .sum();
-    assert!(journal <= BACKLOG + 1024, "{journal} bytes of journal");
-    for r in &acknowledged {
-        assert_eq!(loaded(&store, &r.key()).await.as_ref(), Some(r));
-    }
-    let checkpoint = store.checkpoint().await.unwrap_err();
-    assert!(
-        checkpoint.to_string().starts_with("store_unavailable: "),
-        "{checkpoint}"
-    );
-
-    // The database comes back: saves are taken again once checkpoints
-    // free room (while they catch up, some are still told to come back).
-    failing.store(false, Ordering::SeqCst);
-    for _ in 0..40 {
-        let r = next(acknowledged.len());
+    assert!(!refused.is_empty(), "none of 400 saves was refused");
+    assert_eq!(store.count().await.unwrap(), taken.len() as u64);
+    for r in &refused {
         save_when_taken(&store, r.clone()).await;
-        acknowledged.push(r);
     }
-    store.checkpoint().await.unwrap();
-    drop(store);
-
-    let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).unwrap();
-    for r in &acknowledged {
-        assert_eq!(loaded(&store, &r.key()).await.as_ref(), Some(r));
+    for r in taken.iter().chain(&refused) {
+        assert_eq!(loaded(&*store, &r.key()).await.as_ref(), Some(r));
     }
-    assert_eq!(store.count().await.unwrap(), acknowledged.len() as u64);
+    assert_eq!(store.count().await.unwrap(), 400);
 }
 
 /// Saves `r`, coming back as told while the store is backlogged.
-async fn save_when_taken(store: &RedbStore, r: ActivityRecord) {
+async fn save_when_taken(store: &EmbeddedStore, r: ActivityRecord) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         match store.save(r.clone(), None).await {
@@ -698,4 +428,102 @@ async fn save_when_taken(store: &RedbStore, r: ActivityRecord) {
             }
         }
     }
+}
+
+/// Writes `records` and `paces` into `dir` as versions before fjall did:
+/// one redb file, tables `activities` and `dependency_paces`.
+fn earlier_version_dir(dir: &std::path::Path, records: &[ActivityRecord], paces: &[PaceRecord]) {
+    use retry_budget::store::codec;
+    const ACTIVITIES: redb::TableDefinition<(&str, &str), &[u8]> =
+        redb::TableDefinition::new("activities");
+    const PACES: redb::TableDefinition<&str, &[u8]> =
+        redb::TableDefinition::new("dependency_paces");
+    let db = redb::Database::create(dir.join("retry-budget.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(ACTIVITIES).unwrap();
+        for r in records {
+            let mut bytes = Vec::new();
+            codec::encode_into(r, &mut bytes);
+            table
+                .insert(
+                    (r.tenant.as_str(), r.activity_id.as_str()),
+                    bytes.as_slice(),
+                )
+                .unwrap();
+        }
+        let mut table = txn.open_table(PACES).unwrap();
+        for p in paces {
+            table
+                .insert(p.dependency.as_str(), codec::encode_pace(p).as_slice())
+                .unwrap();
+        }
+    }
+    txn.commit().unwrap();
+}
+
+/// A data directory an earlier version left after a clean stop is
+/// imported on the first open: every record (its purge order included), the
+/// count and the paces, and the old file is kept aside.
+#[tokio::test]
+async fn an_earlier_versions_data_directory_is_imported_on_first_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut records = Vec::new();
+    for i in 0..30 {
+        let first = record(
+            &key("old", &format!("act-{i}")),
+            ErrorClass::Transient,
+            3600,
+        );
+        records.push(if i % 3 == 0 {
+            record_success(first, Some(NOW + 1), NOW + 2).expect("open")
+        } else {
+            next_failure(&first)
+        });
+    }
+    let paces = [pace("payments-api", 40.0, HealthState::Healthy)];
+    earlier_version_dir(dir.path(), &records, &paces);
+
+    let store = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap();
+    assert!(!dir.path().join("retry-budget.redb").exists());
+    assert!(dir.path().join("retry-budget.redb.imported").exists());
+    for r in &records {
+        assert_eq!(loaded(&store, &r.key()).await.as_ref(), Some(r));
+    }
+    assert_eq!(store.count().await.unwrap(), 30);
+    assert_eq!(store.load_paces().await.unwrap(), paces.to_vec());
+    // The ten closed ones are in the purge order.
+    assert_eq!(store.purge(NOW + 3, 1000).await.unwrap(), 10);
+    assert_eq!(store.count().await.unwrap(), 20);
+    drop(store);
+    // Opened again: nothing imported twice.
+    let store = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap();
+    assert_eq!(store.count().await.unwrap(), 20);
+}
+
+/// An earlier version that crashed may have left decisions in its journal
+/// that only it can replay: the directory is refused, saying what to do,
+/// and nothing in it changes.
+#[tokio::test]
+async fn an_earlier_versions_directory_with_a_journal_left_by_a_crash_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = record(&key("old", "a"), ErrorClass::Transient, 3600);
+    earlier_version_dir(dir.path(), std::slice::from_ref(&r), &[]);
+    let segment = dir.path().join("journal-00000000000000000003.log");
+    std::fs::write(&segment, [1u8; 64]).unwrap();
+    let before = std::fs::read(dir.path().join("retry-budget.redb")).unwrap();
+
+    let refused = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).unwrap_err();
+    let message = refused.to_string();
+    assert!(message.starts_with("store_unavailable: "), "{message}");
+    assert!(
+        message.contains("journal-00000000000000000003.log") && message.contains("stop it"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("retry-budget.redb")).unwrap(),
+        before
+    );
+    assert_eq!(std::fs::read(&segment).unwrap(), [1u8; 64]);
+    assert!(!dir.path().join("store").exists(), "nothing created");
 }

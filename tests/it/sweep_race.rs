@@ -18,7 +18,7 @@ use retry_budget::budget::activity::{
 };
 use retry_budget::clock::now_ms;
 use retry_budget::ledger::{Ledger, SuccessOutcome, Unlimited};
-use retry_budget::store::{RedbStore, RedbStoreOptions, Replaced, Store, StoreError};
+use retry_budget::store::{EmbeddedStore, EmbeddedStoreOptions, Replaced, Store, StoreError};
 use tokio::sync::Notify;
 
 /// Ten minutes, in milliseconds.
@@ -28,7 +28,7 @@ const RETENTION_MS: i64 = 600_000;
 /// says so and waits to be let go.
 #[derive(Clone)]
 struct HeldLoad {
-    inner: RedbStore,
+    inner: EmbeddedStore,
     armed: Arc<AtomicBool>,
     loaded: Arc<Notify>,
     release: Arc<Notify>,
@@ -91,7 +91,7 @@ fn failure(attempt: u32, occurred_at_ms: Option<i64>) -> Report<'static> {
 /// activity one second.
 fn ledger(dir: &std::path::Path) -> (Arc<Ledger<HeldLoad>>, HeldLoad) {
     let store = HeldLoad {
-        inner: RedbStore::open(&RedbStoreOptions::new(dir)).unwrap(),
+        inner: EmbeddedStore::open(&EmbeddedStoreOptions::new(dir)).unwrap(),
         armed: Arc::default(),
         loaded: Arc::default(),
         release: Arc::default(),
@@ -162,7 +162,7 @@ async fn survives(dir: &std::path::Path, ledger: Arc<Ledger<HeldLoad>>) -> Activ
     assert_eq!(ledger.sweep(now_ms(), RETENTION_MS).await.unwrap(), 0);
     assert_eq!(ledger.get(&key()).await.unwrap(), now);
     drop(ledger);
-    let reopened = RedbStore::open(&RedbStoreOptions::new(dir)).unwrap();
+    let reopened = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir)).unwrap();
     let stored = reopened.load(&key()).await.unwrap();
     assert_eq!(
         stored.as_ref(),

@@ -1,8 +1,8 @@
 //! Activities written as fast as can be, each one first failure (attempt 1, transient, under
 //! the durable scenario's generous policy, so none is purged during a run):
 //! - `new-activities`: over gRPC, each answer checked (rss.sh);
-//! - `preload --data-dir`: straight into the redb store of a *stopped* server through the
-//!   library's [`Ledger`], group commit batching (a million in seconds, not minutes);
+//! - `preload --data-dir`: straight into the embedded store of a *stopped* server through
+//!   the library's [`Ledger`], enough at once to fill the store's group commits;
 //! - `preload --postgres-url`: each record decided by the library's [`plan`] as the ledger
 //!   decides it, and written with [`PgStore::import`] (what `retry-budget migrate` copies
 //!   with), 5,000 a transaction, two at once: ten million through gRPC would take hours.
@@ -21,7 +21,9 @@ use retry_budget::budget::activity::{
 };
 use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use retry_budget::ledger::{Ledger, LedgerError, Unlimited};
-use retry_budget::store::{PgStore, PostgresOptions, RedbStore, RedbStoreOptions, StoreError};
+use retry_budget::store::{
+    EmbeddedStore, EmbeddedStoreOptions, PgStore, PostgresOptions, StoreError,
+};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -116,18 +118,18 @@ where
     Ok(())
 }
 
-/// Stores `activities` first failures into the redb store in `data_dir` through the ledger.
+/// Stores `activities` first failures into the embedded store in `data_dir` through the ledger.
 pub async fn offline(data_dir: &Path, activities: u64, tenant: &str) -> Result<Value, String> {
     let started = Instant::now();
-    let store =
-        RedbStore::open(&RedbStoreOptions::new(data_dir)).map_err(|e| format!("preload: {e}"))?;
+    let store = EmbeddedStore::open(&EmbeddedStoreOptions::new(data_dir))
+        .map_err(|e| format!("preload: {e}"))?;
     let ledger = Arc::new(Ledger::new(store, defaults()));
     let (in_task, tenant) = (Arc::clone(&ledger), tenant.to_owned());
     spread(OFFLINE_CONCURRENCY, activities, 1, move |_, i, _| {
         let (ledger, key) = (Arc::clone(&in_task), key(&tenant, i));
         async move {
             let now_ms = retry_budget::clock::now_ms();
-            // A store whose checkpoints fall behind refuses saves a moment: wait as asked.
+            // A store whose writer falls behind the saves refuses them a moment: wait as asked.
             loop {
                 match ledger
                     .report(&key, &first_failure(now_ms), Unlimited, now_ms, false)
@@ -243,7 +245,8 @@ fn pushback(status: &tonic::Status) -> Option<Duration> {
 
 /// Reports a first failure for each of `activities` activities `{prefix}00000000` on,
 /// `concurrency` at a time over `conns`. A refusal with a pushback (`store_backlogged` while
-/// checkpoints catch up) is sent again after its wait, as a worker would: it stored nothing.
+/// the store's writer catches up) is sent again after its wait, as a worker would: it stored
+/// nothing.
 pub async fn first_failures(
     conns: &[Conn],
     concurrency: usize,

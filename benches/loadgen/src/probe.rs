@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 use crate::drive::{histogram, record};
 
 /// Appends 4 KiB and fsyncs it 200 times in a scratch file in `dir` (removed after), then
-/// writes over each of those blocks with an `fdatasync` after each, as the journal does in a
-/// recycled segment (`overwrite_latency_us`: no size or extent for the file system to commit).
+/// writes over each of those blocks with an `fdatasync` after each (`overwrite_latency_us`: no
+/// size or extent for the file system to commit, the disk's flush alone). A group commit of
+/// the embedded store is one `fdatasync` of fjall's journal after a write to it.
 pub fn fsync_latency(dir: &Path) -> std::io::Result<Value> {
     const BLOCK: usize = 4096;
     const COUNT: u64 = 200;
@@ -70,7 +71,7 @@ pub struct CpuUsed {
     pub cores: f64,
     /// Milliseconds its threads were runnable but not running, summed over threads.
     pub runqueue_wait_ms: f64,
-    /// Cores by thread name (for the server: runtime workers, journal writer, checkpoint).
+    /// Cores by thread name (for the server: runtime workers, `store-writer`, `fjall:worker`).
     pub by_thread_cores: BTreeMap<String, f64>,
 }
 

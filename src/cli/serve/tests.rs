@@ -18,23 +18,11 @@ fn no_flag_keeps_the_one_default_and_flags_reach_their_keys() {
     let defaults = Config::default();
     let config = parsed(&[]).unwrap();
     assert_eq!(config.to_toml(), defaults.to_toml());
-    let store = crate::store::RedbStoreOptions::new("x");
-    assert_eq!(
-        config.store.redb_options().journal.segment_bytes,
-        store.journal.segment_bytes
-    );
+    let store = crate::store::EmbeddedStoreOptions::new("x");
+    assert_eq!(config.store.embedded_options().max_batch, store.max_batch);
 
-    let config = parsed(&[
-        "--journal-segment-mib",
-        "64",
-        "--journal-segment-age",
-        "30s",
-        "--default-deadline",
-        "10m",
-    ])
-    .unwrap();
-    assert_eq!(config.store.redb_options().journal.segment_bytes, 64 << 20);
-    assert_eq!(config.store.journal.segment_age, Duration::from_secs(30));
+    let config = parsed(&["--max-batch", "64", "--default-deadline", "10m"]).unwrap();
+    assert_eq!(config.store.embedded_options().max_batch, 64);
     assert_eq!(config.policy.policy().deadline_seconds, 600);
 
     let config = parsed(&[
@@ -59,27 +47,33 @@ fn no_flag_keeps_the_one_default_and_flags_reach_their_keys() {
 #[test]
 fn bad_values_are_refused_naming_their_key() {
     for (bad, key) in [
-        (
-            ["--journal-segment-mib", "0"],
-            "store.journal_segment_bytes",
-        ),
-        (
-            ["--journal-segment-mib", "1025"],
-            "store.journal_segment_bytes",
-        ),
-        (["--journal-segment-age", "0s"], "store.journal_segment_age"),
         (["--max-batch", "0"], "store.max_batch"),
+        (["--max-batch", "65537"], "store.max_batch"),
         (["--max-timestamp-past", "0s"], "limits.max_timestamp_past"),
     ] {
         let message = parsed(&bad).unwrap_err().to_string();
         assert!(message.starts_with("config_invalid: "), "{message}");
         assert!(message.contains(key), "{bad:?}: {message}");
     }
-    let unparsable = Cli::try_parse_from(["retry-budget", "--journal-segment-age", "soon"]);
+    let unparsable = Cli::try_parse_from(["retry-budget", "--default-deadline", "soon"]);
     assert_eq!(
         unparsable.unwrap_err().kind(),
         clap::error::ErrorKind::ValueValidation
     );
+}
+
+#[test]
+fn the_journals_removed_flags_are_refused_naming_what_replaced_them() {
+    for (flag, value, key) in [
+        ("--commit-window", "2ms", "store.commit_window"),
+        ("--journal-segment-mib", "8", "store.journal_segment_bytes"),
+        ("--journal-segment-age", "5s", "store.journal_segment_age"),
+    ] {
+        let message = parsed(&[flag, value]).unwrap_err().to_string();
+        assert!(message.starts_with("config_invalid: "), "{message}");
+        assert!(message.contains(key), "{flag}: {message}");
+        assert!(message.contains("removed"), "{flag}: {message}");
+    }
 }
 
 #[test]
@@ -103,7 +97,7 @@ fn flags_override_the_file_which_overrides_the_defaults() {
     assert_eq!((config.bucket.rate, config.bucket.burst), (7.0, 50));
     assert_eq!(config.bucket.weights.get("a"), Some(&2));
     assert_eq!(config.bucket.weights.get("b"), Some(&3));
-    assert_eq!(config.store.journal.max_batch, 8);
+    assert_eq!(config.store.max_batch, 8);
     assert_eq!(
         config.server.drain_delay,
         Config::default().server.drain_delay
@@ -150,7 +144,7 @@ fn every_flag_sets_the_one_key_its_help_names() {
         );
         checked += 1;
     }
-    assert!(checked >= 50, "{checked} flags checked");
+    assert!(checked >= 49, "{checked} flags checked");
 }
 
 fn leaves(table: &toml::Table, prefix: &str) -> Vec<String> {

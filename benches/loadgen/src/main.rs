@@ -14,6 +14,7 @@
 
 mod conn;
 mod drive;
+mod engines;
 mod mixed;
 mod preload;
 mod probe;
@@ -106,6 +107,12 @@ struct Args {
     /// Runtime threads; 1 is a current-thread runtime.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Engine-writes: the engine, fjall or redb.
+    #[arg(long, default_value = "fjall")]
+    engine: String,
+    /// Engine-writes: records a committed and fsynced batch.
+    #[arg(long, default_value_t = 256)]
+    batch_size: u64,
     /// Prefix of durable activity ids, unique a run (default: the time).
     #[arg(long)]
     run_id: Option<String>,
@@ -132,6 +139,9 @@ enum Scenario {
     Preload,
     /// 4 KiB appended and fsynced, then written over with fdatasync, in `--data-dir`.
     Fsync,
+    /// `--activities` records into `--engine` (fjall or redb) in fsynced batches of
+    /// `--batch-size`, in `--data-dir`: the engines' bound on this disk (engines.rs).
+    EngineWrites,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -201,6 +211,13 @@ async fn run(args: &Args) -> Result<Value, String> {
                 .as_deref()
                 .ok_or_else(|| invalid("fsync needs --data-dir"))?;
             return probe::fsync_latency(dir).map_err(|e| format!("i/o: {e}"));
+        }
+        Scenario::EngineWrites => {
+            let dir = args
+                .data_dir
+                .as_deref()
+                .ok_or_else(|| invalid("engine-writes needs --data-dir"))?;
+            return engines::writes(dir, &args.engine, args.activities, args.batch_size);
         }
         Scenario::Preload => {
             return match (&args.data_dir, &args.postgres_url) {

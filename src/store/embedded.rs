@@ -75,18 +75,18 @@ pub const DEFAULT_MAX_BATCH: usize = 1024;
 /// How many full groups may wait for the writer: enough to ride out an
 /// fsync many times slower than usual, few enough that a disk that cannot
 /// keep up is told at once rather than after seconds of queue.
-pub const PENDING_GROUPS: usize = 16;
+const PENDING_GROUPS: usize = 16;
 
 impl EmbeddedStoreOptions {
     /// Defaults for a data directory: groups of up to [`DEFAULT_MAX_BATCH`]
-    /// saves, [`PENDING_GROUPS`] groups' worth waiting at most, and 64 MiB
+    /// saves, sixteen groups' worth waiting at most, and 64 MiB
     /// of cache.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self::with_max_batch(data_dir, DEFAULT_MAX_BATCH)
     }
 
     /// As [`new`](Self::new), with groups of up to `max_batch` saves (and
-    /// [`PENDING_GROUPS`] of them waiting at most).
+    /// sixteen groups' worth waiting at most).
     pub fn with_max_batch(data_dir: impl Into<PathBuf>, max_batch: usize) -> Self {
         Self {
             data_dir: data_dir.into(),

@@ -98,6 +98,10 @@ pub const DECAY: f64 = 0.9;
 /// granted retries were under this share of it: one a tenant's steady
 /// retries fill does not decay under them.
 pub const IN_USE_SHARE: f64 = 0.5;
+/// An allowance within this many retries a second of its rest has
+/// recovered: the rest moves with the tenant's lane, and one step of growth
+/// (at least one a second) closes a gap this small.
+pub const RECOVERED_WITHIN: f64 = 1.0;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
 /// Seconds after a cut (or a second failing well above the usual) in which
@@ -142,10 +146,6 @@ pub struct TenantHealth {
     /// The retries a second the tenant's own lane pays for (earned by
     /// those successes): its resting allowance is what they leave.
     lane: f64,
-    /// Whether the allowance rests: it came back to its resting allowance
-    /// with no trouble (or never left it), and follows it at once as the
-    /// lane moves, rather than growing or decaying to it a step later.
-    resting: bool,
 }
 
 impl TenantHealth {
@@ -163,7 +163,6 @@ impl TenantHealth {
             fates: None,
             successes: 0.0,
             lane: 0.0,
-            resting: true,
         }
     }
 
@@ -174,8 +173,6 @@ impl TenantHealth {
             baseline,
             cut_at: (state == HealthState::Trouble).then_some(now),
             seen_any: state != HealthState::NoEvidence,
-            // It rests again once its next steps bring it to its rest.
-            resting: false,
             ..Self::new(now, allowance)
         }
     }
@@ -184,10 +181,10 @@ impl TenantHealth {
     /// the new starting allowance; any other keeps its allowance within
     /// the new floor and cap.
     pub fn reconfigure(&mut self, limits: &Limits) {
-        self.allowance = if self.resting {
-            limits.clamp(self.rest(limits))
-        } else {
+        self.allowance = if self.seen_any {
             limits.clamp(self.allowance)
+        } else {
+            limits.initial
         };
     }
 
@@ -207,13 +204,9 @@ impl TenantHealth {
         };
     }
 
-    /// The retries a second the tenant's own lane pays for; a resting
-    /// allowance follows what the new lane leaves at once.
-    pub fn set_lane(&mut self, lane: f64, limits: &Limits) {
+    /// The retries a second the tenant's own lane pays for.
+    pub fn set_lane(&mut self, lane: f64) {
         self.lane = if lane.is_finite() { lane.max(0.0) } else { 0.0 };
-        if self.resting {
-            self.allowance = limits.clamp(self.rest(limits));
-        }
     }
 
     /// Where the allowance rests with no trouble and nothing deferred: the
@@ -244,12 +237,8 @@ impl TenantHealth {
     /// rest of the second would grant add to the overload.
     pub fn count(&mut self, now: u64, what: &Second, limits: &Limits) {
         self.advance(now, limits);
-        if !self.seen_any && (what.failures > 0 || what.seen > 0 || what.granted > 0) {
+        if what.failures > 0 || what.seen > 0 || what.granted > 0 {
             self.seen_any = true;
-            // Evidence at last: the rest is now what the lane leaves.
-            if self.resting {
-                self.allowance = limits.clamp(self.rest(limits));
-            }
         }
         self.slots[slot(now)].add(what);
         if what.failures > 0
@@ -259,7 +248,6 @@ impl TenantHealth {
             self.allowance = limits.clamp(self.allowance * CUT);
             self.cut_at = Some(now);
             self.surged = true;
-            self.resting = false;
         }
     }
 
@@ -349,21 +337,15 @@ impl TenantHealth {
                 self.cut_at = Some(second);
                 self.surged = surge;
             }
-            self.resting = false;
         } else if just.deferred > 0 && may_grow {
             self.allowance = limits.clamp(grow(self.allowance));
-            self.resting = false;
-        } else if self.resting {
-            self.allowance = limits.clamp(self.rest(limits));
         } else if self.allowance < self.rest(limits) && may_grow {
             self.allowance = limits.clamp(grow(self.allowance).min(self.rest(limits)));
-            self.resting = self.allowance >= self.rest(limits);
         } else if window.deferred == 0
             && self.allowance > self.rest(limits)
             && f64::from(just.granted) < IN_USE_SHARE * self.allowance
         {
             self.allowance = limits.clamp((self.allowance * DECAY).max(self.rest(limits)));
-            self.resting = self.allowance <= self.rest(limits);
         } else {
             self.allowance = limits.clamp(self.allowance);
         }
@@ -381,7 +363,7 @@ impl TenantHealth {
             HealthState::Trouble
         } else if !self.seen_any {
             HealthState::NoEvidence
-        } else if !self.resting && self.allowance < self.rest(limits) {
+        } else if self.allowance < self.rest(limits) - RECOVERED_WITHIN {
             HealthState::Recovering
         } else {
             HealthState::Healthy

@@ -323,7 +323,7 @@ impl Entry {
             if rate != t.earned.rate() {
                 t.earned.set_rate(rate, config.burst_seconds, n);
             }
-            t.health.set_lane(rate, &limits);
+            t.health.set_lane(rate);
             t.health.advance(second, &limits);
             let e = t.health.evidence(second, &limits);
             totals.granted = totals.granted.saturating_add(e.granted);

@@ -41,10 +41,10 @@ fn key() -> ActivityKey {
     }
 }
 
-fn fresh(plan: Plan) -> Draft {
-    match plan {
-        Plan::Fresh(draft) => draft,
-        Plan::Replay(replay) => panic!("a replay: {replay:?}"),
+fn fresh(found: DraftOrReplay) -> Draft {
+    match found {
+        DraftOrReplay::Fresh(draft) => draft,
+        DraftOrReplay::Replay(replay) => panic!("a replay: {replay:?}"),
     }
 }
 
@@ -97,7 +97,7 @@ fn in_line(wait_ms: u64, since_ms: i64) -> Admission {
 fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     // The failure was 10 s ago, so the planned start (1 s after it) is
     // past and the turn, 500 ms from now, sets not_before.
-    let mut draft = fresh(plan(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
+    let mut draft = fresh(draft_or_replay(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
     let mut gate = Answering::with(in_line(500, NOW));
     draft.take_token(&mut gate, NOW);
     assert_eq!((gate.observed, gate.asked.clone()), (1, vec![None]));
@@ -116,7 +116,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     assert_eq!(record.deferral.and_then(|d| d.waiting_since_ms), Some(NOW));
 
     // Early: the same deferral, replayed; still in line, no token.
-    let Plan::Replay(early) = plan(
+    let DraftOrReplay::Replay(early) = draft_or_replay(
         Some(record.clone()),
         &key(),
         &report(NOW - 10_000),
@@ -133,7 +133,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     // place; nothing to write, and its failure is not counted again.
     let at = NOW + 500;
     let mut again = fresh(
-        plan(
+        draft_or_replay(
             Some(record.clone()),
             &key(),
             &report(NOW - 10_000),
@@ -149,7 +149,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
 
     // Its turn came: this call takes the token; the retry starts now.
     let mut draft =
-        fresh(plan(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap());
+        fresh(draft_or_replay(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap());
     let mut gate = Answering::with(Admission::Granted);
     draft.take_token(&mut gate, at);
     let (record, retry) = draft.finish();
@@ -169,7 +169,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
         "a dry run takes nothing"
     );
     assert_eq!(record.deferral, None);
-    let Plan::Replay(replayed) = plan(
+    let DraftOrReplay::Replay(replayed) = draft_or_replay(
         Some(record),
         &key(),
         &report(NOW - 10_000),
@@ -189,11 +189,11 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
 /// A deferred attempt that stops (its deadline passed) gives up its place.
 #[test]
 fn a_deferred_attempt_that_stops_leaves_the_line() {
-    let mut draft = fresh(plan(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
+    let mut draft = fresh(draft_or_replay(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(9_000, NOW)), NOW);
     let (record, _) = draft.finish();
     let late = NOW + 3_600_001;
-    let mut draft = fresh(plan(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
+    let mut draft = fresh(draft_or_replay(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
     let mut gate = Answering::default();
     draft.take_token(&mut gate, late);
     assert_eq!(draft.action(), Action::DeadlineExceeded);
@@ -208,7 +208,7 @@ fn a_deferred_attempt_that_stops_leaves_the_line() {
 #[test]
 fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
     let occurred = NOW + 30_000;
-    let mut draft = fresh(plan(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
+    let mut draft = fresh(draft_or_replay(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(500, NOW)), NOW);
     let (_, deferral) = draft.finish();
     assert_eq!(deferral.not_before_ms, Some(occurred + 1000));
@@ -225,7 +225,7 @@ fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
         deferral.reason
     );
 
-    let mut draft = fresh(plan(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
+    let mut draft = fresh(draft_or_replay(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(7_200_000, NOW)), NOW);
     let (_, deferral) = draft.finish();
     assert_eq!(
@@ -348,13 +348,13 @@ proptest::proptest! {
                 now = if s.follow { now.max(not_before) + s.latency_ms as i64 } else { now + s.gap_ms as i64 };
                 report.occurred_at_ms = Some((occurred + s.occurred_shift_ms as i64).min(now));
             }
-            let draft = match plan(record.clone(), &key(), &report, &defaults(), now).unwrap() {
-                Plan::Replay(replay) => {
+            let draft = match draft_or_replay(record.clone(), &key(), &report, &defaults(), now).unwrap() {
+                DraftOrReplay::Replay(replay) => {
                     proptest::prop_assert_eq!(replay.event.action, Some(Action::Deferred));
                     proptest::prop_assert!(now < deferred_until.unwrap());
                     continue;
                 }
-                Plan::Fresh(draft) => draft,
+                DraftOrReplay::Fresh(draft) => draft,
             };
             let mut draft = draft;
             draft.take_token(Scripted(s.answer), now);
@@ -385,7 +385,7 @@ proptest::proptest! {
                 Action::DeadlineExceeded => {
                     // Only when the deadline passed, or the attempt's own
                     // backoff would start after it.
-                    let delay = decision::plan_delay("a", attempt, policy.delay_params(), None).unwrap();
+                    let delay = decision::planned_delay("a", attempt, policy.delay_params(), None).unwrap();
                     let start = report.occurred_at_ms.unwrap() + delay.millis as i64;
                     proptest::prop_assert!(now >= deadline || start > deadline, "stopped early: {event:?}");
                     break;
@@ -395,8 +395,8 @@ proptest::proptest! {
                     // the stop is replayed.
                     let mut again = report;
                     again.occurred_at_ms = Some(now);
-                    let Plan::Replay(replay) =
-                        plan(record.clone(), &key(), &again, &defaults(), now + 60_000).unwrap()
+                    let DraftOrReplay::Replay(replay) =
+                        draft_or_replay(record.clone(), &key(), &again, &defaults(), now + 60_000).unwrap()
                     else {
                         return Err(proptest::test_runner::TestCaseError::fail("a stop decided again"));
                     };

@@ -94,7 +94,7 @@ struct Inner {
     /// The bound on each operation.
     timeout: Duration,
     /// To the group-commit dispatcher.
-    writes: mpsc::UnboundedSender<writer::Pending>,
+    writes: mpsc::UnboundedSender<writer::RowToWrite>,
     /// Set once the schema is up to date.
     schema: OnceCell<()>,
     /// Commits and the saves they carried.
@@ -237,7 +237,7 @@ impl Store for PgStore {
         let (done, answer) = oneshot::channel();
         let mut bytes = Vec::new();
         codec::encode_into(&record, &mut bytes);
-        let pending = writer::Pending {
+        let pending = writer::RowToWrite {
             expected: replaces.map_or(-1, |r| version(r.events)),
             version: version(record.events.len()),
             purgeable_from_ms: record.purgeable_from_ms(),

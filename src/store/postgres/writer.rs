@@ -24,7 +24,7 @@ use super::{Failure, is_serialization_failure};
 use crate::store::{CommitStats, StoreError};
 
 /// One row to write, and who waits for it.
-pub(super) struct Pending {
+pub(super) struct RowToWrite {
     /// The activity's tenant.
     pub tenant: String,
     /// The activity's id.
@@ -80,7 +80,7 @@ pub(super) fn spawn(
     max_batch: usize,
     in_flight: usize,
     stats: Arc<CommitStats>,
-) -> mpsc::UnboundedSender<Pending> {
+) -> mpsc::UnboundedSender<RowToWrite> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(dispatch(
         rx,
@@ -94,7 +94,7 @@ pub(super) fn spawn(
 }
 
 async fn dispatch(
-    mut rx: mpsc::UnboundedReceiver<Pending>,
+    mut rx: mpsc::UnboundedReceiver<RowToWrite>,
     pool: Pool,
     timeout: Duration,
     max_batch: usize,
@@ -132,7 +132,7 @@ async fn dispatch(
 }
 
 /// Writes one batch and answers each of its saves.
-async fn commit(pool: &Pool, timeout: Duration, batch: Vec<Pending>, stats: &CommitStats) {
+async fn commit(pool: &Pool, timeout: Duration, batch: Vec<RowToWrite>, stats: &CommitStats) {
     let started = std::time::Instant::now();
     let outcome = match tokio::time::timeout(timeout, write(pool, &batch)).await {
         Ok(outcome) => outcome,
@@ -166,7 +166,7 @@ async fn commit(pool: &Pool, timeout: Duration, batch: Vec<Pending>, stats: &Com
 }
 
 /// Which rows of `batch` were written.
-async fn write(pool: &Pool, batch: &[Pending]) -> Result<Vec<bool>, Failure> {
+async fn write(pool: &Pool, batch: &[RowToWrite]) -> Result<Vec<bool>, Failure> {
     let client = pool.get().await.map_err(|e| Failure::new("connect", e))?;
     let statement = client
         .prepare_cached(WRITE)

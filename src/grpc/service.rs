@@ -315,7 +315,7 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
                 .collect()
         };
         Ok(Response::new(pb::ReportTrafficResponse {
-            dependencies: dependencies.into_iter().map(convert::pace).collect(),
+            dependencies: dependencies.into_iter().map(convert::pace_to_pb).collect(),
         }))
     }
 

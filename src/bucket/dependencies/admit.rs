@@ -130,10 +130,10 @@ impl Dependencies {
             None => {
                 let refusal = e.tenants[t]
                     .waiting_for
-                    .unwrap_or(Refusal::Dependency { share: false });
+                    .unwrap_or(NoToken::Dependency { share: false });
                 match refusal {
-                    Refusal::Global(_) => global.hold_back(tenant),
-                    Refusal::Dependency { .. } => e.shares.hold_back(tenant),
+                    NoToken::Global(_) => global.hold_back(tenant),
+                    NoToken::Dependency { .. } => e.shares.hold_back(tenant),
                 }
                 refusal
             }
@@ -143,7 +143,7 @@ impl Dependencies {
         } else {
             refusal.reason()
         };
-        let by_dependency = matches!(refusal, Refusal::Dependency { .. });
+        let by_dependency = matches!(refusal, NoToken::Dependency { .. });
         // When its turn comes: the places ahead and itself, at the rate the
         // tenant can count on now.
         let rate = if by_dependency {
@@ -216,7 +216,7 @@ impl Dependencies {
 
 /// Why a retry got no token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refusal {
+pub(super) enum NoToken {
     /// The dependency's lanes had none: `share` when the tenant is past
     /// its share of the shared lane while other tenants want theirs.
     Dependency {
@@ -227,7 +227,7 @@ pub(super) enum Refusal {
     Global(&'static str),
 }
 
-impl Refusal {
+impl NoToken {
     fn reason(self) -> &'static str {
         match self {
             Self::Dependency { share: true } => TENANT_SHARE_EXHAUSTED,
@@ -245,7 +245,7 @@ fn take_token(
     t: usize,
     tenant: &str,
     now: Duration,
-) -> Result<Taken, Refusal> {
+) -> Result<Taken, NoToken> {
     let n = nanos(now);
     let lane = if let Some(grant) = e.shares.take(tenant, now) {
         Lane::Shared(grant)
@@ -253,13 +253,13 @@ fn take_token(
         Lane::Earned
     } else {
         let share = e.shares.refuse(tenant, now) == TENANT_SHARE_EXHAUSTED;
-        let refusal = Refusal::Dependency { share };
+        let refusal = NoToken::Dependency { share };
         e.tenants[t].waiting_for = Some(refusal);
         return Err(refusal);
     };
     let Some(grant) = global.take(tenant, now) else {
         release_lane(e, t, lane, now);
-        let refusal = Refusal::Global(global.refuse(tenant, now));
+        let refusal = NoToken::Global(global.refuse(tenant, now));
         e.tenants[t].waiting_for = Some(refusal);
         return Err(refusal);
     };

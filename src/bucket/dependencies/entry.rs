@@ -105,7 +105,7 @@ pub(super) struct TenantEntry {
     pub restored: Option<(f64, u64)>,
     /// Why its last ask for a token was refused: the reason the retries
     /// waiting behind its line are told.
-    pub waiting_for: Option<super::admit::Refusal>,
+    pub waiting_for: Option<super::admit::NoToken>,
 }
 
 impl TenantEntry {

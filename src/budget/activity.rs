@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::action::{Action, Budget, ErrorClass};
 use super::codes;
-use super::decision::{Failure, RetryTerms, draft_event, exceed, settle};
+use super::decision::{ClassifiedFailure, RetryTerms, draft_event, exceed, settle};
 use super::hint::RawHints;
 use super::token::{Ask, Observed, Payment, TokenGate};
 
@@ -308,7 +308,7 @@ pub fn draft_or_replay(
         elapsed: elapsed_ms / 1000,
         deadline: policy.deadline_seconds,
     };
-    let failure = Failure {
+    let failure = ClassifiedFailure {
         class: report.class,
         rule: report.rule,
         hints: report.hints,

@@ -18,9 +18,10 @@ use super::hint::{GRPC_PUSHBACK_DO_NOT_RETRY, Hint, RawHints, normalize};
 use super::record::{Event, EventKind};
 use super::token::{Admission, Answer, Ask, Observed, Payment, TokenGate};
 
-/// A failed attempt as reported, whichever form of `NextAction` carries it.
+/// A failed attempt with its class, as reported or as the service classified
+/// it, whichever form of `NextAction` carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Failure<'a> {
+pub struct ClassifiedFailure<'a> {
     /// The failure's class.
     pub class: ErrorClass,
     /// The classification rule that gave `class`, when the service
@@ -107,7 +108,7 @@ pub struct RetryTerms<'a> {
 /// [`BudgetError::AttemptMustBePositive`] for a retry of attempt 0.
 pub fn draft_event(
     budget: &Budget,
-    failure: &Failure<'_>,
+    failure: &ClassifiedFailure<'_>,
     elapsed_ms: u64,
     retry: Option<RetryTerms<'_>>,
     max_hint_ms: u64,
@@ -317,7 +318,7 @@ pub struct PureReport<'a> {
     /// The reference budget, the failed attempt included.
     pub budget: Budget,
     /// The failure.
-    pub failure: Failure<'a>,
+    pub failure: ClassifiedFailure<'a>,
     /// The activity, when named: a retry then gets its delay. May be empty.
     pub activity_id: &'a str,
     /// Backoff base and cap for that delay.
@@ -567,7 +568,7 @@ mod pure_tests {
     fn report<'a>(budget: Budget, id: &'a str, retry_after: &'a str) -> PureReport<'a> {
         PureReport {
             budget,
-            failure: Failure {
+            failure: ClassifiedFailure {
                 class: ErrorClass::Transient,
                 rule: None,
                 hints: (!retry_after.is_empty()).then_some(RawHints {

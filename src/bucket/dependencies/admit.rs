@@ -5,7 +5,7 @@
 use std::hash::BuildHasher;
 use std::time::Duration;
 
-use super::entry::{Entry, Lane, Taken};
+use super::entry::{DependencyEntry, Lane, Taken};
 use super::{Dependencies, nanos, observed_failure};
 use crate::bucket::fair::FairShares;
 use crate::bucket::health::{Limits, Second};
@@ -241,7 +241,7 @@ impl NoToken {
 /// own, then from the global bucket; the reason when there is none.
 fn take_token(
     global: &mut FairShares,
-    e: &mut Entry,
+    e: &mut DependencyEntry,
     t: usize,
     tenant: &str,
     now: Duration,
@@ -270,7 +270,7 @@ fn take_token(
 }
 
 /// Gives a token taken and not used back to its lane.
-fn release_lane(e: &mut Entry, t: usize, lane: Lane, now: Duration) {
+fn release_lane(e: &mut DependencyEntry, t: usize, lane: Lane, now: Duration) {
     match lane {
         Lane::Shared(grant) => e.shares.release(grant, now),
         Lane::Earned => e.tenants[t].earned.give_back(),
@@ -281,7 +281,7 @@ fn release_lane(e: &mut Entry, t: usize, lane: Lane, now: Duration) {
 /// (a served place whose worker never claimed it).
 pub(super) fn give_back(
     global: &mut FairShares,
-    e: &mut Entry,
+    e: &mut DependencyEntry,
     t: usize,
     token: Taken,
     now: Duration,
@@ -292,7 +292,7 @@ pub(super) fn give_back(
 
 /// A retry granted now (a token taken, or its place's turn claimed): it
 /// runs from now on, so its fate is the evidence of the seconds to come.
-fn granted(e: &mut Entry, t: usize, second: u64, limits: &Limits) -> Answer {
+fn granted(e: &mut DependencyEntry, t: usize, second: u64, limits: &Limits) -> Answer {
     e.counters.admitted += 1;
     e.tenants[t].counters.admitted += 1;
     e.tenants[t].health.count(

@@ -155,7 +155,7 @@ impl TenantEntry {
 
 /// One dependency's budget.
 #[derive(Debug)]
-pub(super) struct Entry {
+pub(super) struct DependencyEntry {
     pub name: Arc<str>,
     /// Named by the operator: always tracked, never evicted.
     pub named: bool,
@@ -186,7 +186,7 @@ pub(super) struct Entry {
     pub counters: DependencyCounters,
 }
 
-impl Entry {
+impl DependencyEntry {
     pub fn new(
         name: Arc<str>,
         config: &PaceConfig,

@@ -243,7 +243,7 @@ fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
 
 /// What the budget answers in the property test below.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+enum Script {
     Granted,
     /// Ask again this many nanoseconds from now, holding a place in line
     /// (true) or not.
@@ -251,13 +251,13 @@ enum Answer {
 }
 
 /// A gate answering as scripted, a place in line dated when first taken.
-struct Scripted(Answer);
+struct Scripted(Script);
 
 impl TokenGate for Scripted {
     fn take(&mut self, ask: &super::super::token::Ask<'_>) -> super::super::token::Answer {
         match self.0 {
-            Answer::Granted => Admission::Granted,
-            Answer::Deferred(n, place) => Admission::Deferred {
+            Script::Granted => Admission::Granted,
+            Script::Deferred(n, place) => Admission::Deferred {
                 wait: Duration::from_nanos(n),
                 reason: codes::DEPENDENCY_BUDGET_EXHAUSTED,
                 waiting_since_ms: ask.waiting_since_ms.or(place.then_some(ask.now_ms)),
@@ -282,10 +282,10 @@ struct Step {
     occurred_shift_ms: u64,
     /// How long an attempt runs before it fails.
     run_ms: u64,
-    answer: Answer,
+    answer: Script,
 }
 
-fn answer() -> impl proptest::strategy::Strategy<Value = Answer> {
+fn answer() -> impl proptest::strategy::Strategy<Value = Script> {
     use proptest::prelude::*;
     // Waits around the deadline, some a fraction of a millisecond past a
     // whole one (how the flood found the boundary).
@@ -294,8 +294,8 @@ fn answer() -> impl proptest::strategy::Strategy<Value = Answer> {
         (0u64..40_000).prop_map(|ms| ms * 1_000_000 + 500)
     ];
     prop_oneof![
-        Just(Answer::Granted),
-        (wait, any::<bool>()).prop_map(|(n, place)| Answer::Deferred(n, place)),
+        Just(Script::Granted),
+        (wait, any::<bool>()).prop_map(|(n, place)| Script::Deferred(n, place)),
     ]
 }
 

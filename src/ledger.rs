@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::budget::activity::{
-    self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, DraftOrReplay, Policy, Report,
+    self, ActivityKey, ActivityRecord, BudgetError, Defaults, DraftOrReplay, Event, Policy, Report,
     Resolution, Status,
 };
 use crate::store::{Replaced, Store, StoreError};
@@ -191,7 +191,8 @@ impl<S: Store> Ledger<S> {
         loop {
             let _guard = self.locks.lock(key).await;
             let previous = self.store.load(key).await?;
-            let (decided, save) = self.decided_and_to_save(previous, key, report, &mut gate, now_ms, dry_run)?;
+            let (decided, save) =
+                self.decided_and_to_save(previous, key, report, &mut gate, now_ms, dry_run)?;
             let Some((record, replaces)) = save else {
                 return Ok(decided);
             };

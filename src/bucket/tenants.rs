@@ -100,7 +100,11 @@ impl Tenants {
     /// entry with `overflow_weight`. Allocates everything it will need.
     pub fn new(max_tenants: usize, overflow_weight: u32) -> Self {
         let mut slots = Vec::with_capacity(max_tenants + 1);
-        slots.push(TenantSlot::new(Arc::from(OVERFLOW_TENANT), overflow_weight, 0));
+        slots.push(TenantSlot::new(
+            Arc::from(OVERFLOW_TENANT),
+            overflow_weight,
+            0,
+        ));
         Self {
             slots,
             index: HashMap::with_capacity_and_hasher(max_tenants, RandomState::default()),

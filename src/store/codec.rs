@@ -101,7 +101,8 @@ pub fn decode(bytes: &[u8]) -> Result<ActivityRecord, DecodeError> {
 mod tests {
     use super::*;
     use crate::budget::activity::{
-        ActivityKey, Defaults, DraftOrReplay, Policy, Report, Status, draft_or_replay, record_success,
+        ActivityKey, Defaults, DraftOrReplay, Policy, Report, Status, draft_or_replay,
+        record_success,
     };
     use crate::budget::hint::RawHints;
     use crate::budget::{Admission, ErrorClass};

@@ -196,10 +196,11 @@ impl PgStore {
         tokio::time::timeout(timeout, run)
             .await
             .unwrap_or_else(|_| {
-                Err(
-                    BackendFailure::new(op, format!("no answer from PostgreSQL within {timeout:?}"))
-                        .to_store_error(),
+                Err(BackendFailure::new(
+                    op,
+                    format!("no answer from PostgreSQL within {timeout:?}"),
                 )
+                .to_store_error())
             })
     }
 }

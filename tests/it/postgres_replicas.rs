@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use common::{TestServer, pb, report, with_tenant};
 use postgres::TestDb;
 use retry_budget::budget::ErrorClass;
-use retry_budget::budget::activity::{ActivityKey, Defaults, DraftOrReplay, Policy, Report, draft_or_replay};
+use retry_budget::budget::activity::{
+    ActivityKey, Defaults, DraftOrReplay, Policy, Report, draft_or_replay,
+};
 use retry_budget::ledger::{Ledger, Unlimited};
 use retry_budget::store::{MIGRATIONS, PgStore, PostgresOptions, Replaced, Store, StoreError};
 use tonic_health::pb::HealthCheckRequest;
@@ -142,10 +144,11 @@ async fn a_write_over_a_version_another_replica_replaced_is_a_conflict() {
     let a = PgStore::open(&options(&db.url)).unwrap();
     let b = PgStore::open(&options(&db.url)).unwrap();
     let k = key("x");
-    let first = |attempt| match draft_or_replay(None, &k, &failure(attempt), &defaults(), NOW).unwrap() {
-        DraftOrReplay::Fresh(draft) => draft.finish().0,
-        DraftOrReplay::Replay(_) => unreachable!(),
-    };
+    let first =
+        |attempt| match draft_or_replay(None, &k, &failure(attempt), &defaults(), NOW).unwrap() {
+            DraftOrReplay::Fresh(draft) => draft.finish().0,
+            DraftOrReplay::Replay(_) => unreachable!(),
+        };
     // Both replicas found it absent: one creates it.
     let (ra, rb) = tokio::join!(a.save(first(1), None), b.save(first(1), None));
     assert!(

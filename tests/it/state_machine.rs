@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use retry_budget::budget::activity::{
-    self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, EventKind, DraftOrReplay, Policy,
-    Report, Resolution, Status,
+    self, ActivityKey, ActivityRecord, BudgetError, Defaults, DraftOrReplay, Event, EventKind,
+    Policy, Report, Resolution, Status,
 };
 use retry_budget::budget::hint::RawHints;
 use retry_budget::budget::token::{Answer, Ask, Observed};
@@ -427,7 +427,8 @@ fn check_replays(record: &ActivityRecord, model: &Model, now: i64) {
                 workflow_id: "another",
                 dependency: "",
             };
-            match activity::draft_or_replay(Some(record.clone()), &key(), &report, &defaults(), at) {
+            match activity::draft_or_replay(Some(record.clone()), &key(), &report, &defaults(), at)
+            {
                 Ok(DraftOrReplay::Replay(replay)) => {
                     assert_eq!(
                         &replay.event, event,

@@ -11,7 +11,8 @@ use std::time::Duration;
 use postgres::TestDb;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
-    ActivityKey, ActivityRecord, Defaults, DraftOrReplay, Policy, Report, Status, draft_or_replay, record_success,
+    ActivityKey, ActivityRecord, Defaults, DraftOrReplay, Policy, Report, Status, draft_or_replay,
+    record_success,
 };
 use retry_budget::budget::token::{HealthState, PaceRecord, TenantPaceRecord};
 use retry_budget::store::{
@@ -70,7 +71,8 @@ fn next_failure(prev: &ActivityRecord) -> ActivityRecord {
         workflow_id: "wf",
         dependency: "",
     };
-    match draft_or_replay(Some(prev.clone()), &prev.key(), &report, &defaults, NOW + 1).expect("valid report")
+    match draft_or_replay(Some(prev.clone()), &prev.key(), &report, &defaults, NOW + 1)
+        .expect("valid report")
     {
         DraftOrReplay::Fresh(draft) => draft.finish().0,
         DraftOrReplay::Replay(_) => unreachable!("a new attempt is not a replay"),

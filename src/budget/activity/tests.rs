@@ -97,7 +97,8 @@ fn in_line(wait_ms: u64, since_ms: i64) -> Admission {
 fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     // The failure was 10 s ago, so the planned start (1 s after it) is
     // past and the turn, 500 ms from now, sets not_before.
-    let mut draft = fresh(draft_or_replay(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
+    let mut draft =
+        fresh(draft_or_replay(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
     let mut gate = Answering::with(in_line(500, NOW));
     draft.take_token(&mut gate, NOW);
     assert_eq!((gate.observed, gate.asked.clone()), (1, vec![None]));
@@ -148,8 +149,9 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     assert!(!again.needs_write(), "a deferral again is not recorded");
 
     // Its turn came: this call takes the token; the retry starts now.
-    let mut draft =
-        fresh(draft_or_replay(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap());
+    let mut draft = fresh(
+        draft_or_replay(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap(),
+    );
     let mut gate = Answering::with(Admission::Granted);
     draft.take_token(&mut gate, at);
     let (record, retry) = draft.finish();
@@ -193,7 +195,8 @@ fn a_deferred_attempt_that_stops_leaves_the_line() {
     draft.take_token(&mut Answering::with(in_line(9_000, NOW)), NOW);
     let (record, _) = draft.finish();
     let late = NOW + 3_600_001;
-    let mut draft = fresh(draft_or_replay(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
+    let mut draft =
+        fresh(draft_or_replay(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
     let mut gate = Answering::default();
     draft.take_token(&mut gate, late);
     assert_eq!(draft.action(), Action::DeadlineExceeded);
@@ -208,7 +211,8 @@ fn a_deferred_attempt_that_stops_leaves_the_line() {
 #[test]
 fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
     let occurred = NOW + 30_000;
-    let mut draft = fresh(draft_or_replay(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
+    let mut draft =
+        fresh(draft_or_replay(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(500, NOW)), NOW);
     let (_, deferral) = draft.finish();
     assert_eq!(deferral.not_before_ms, Some(occurred + 1000));

@@ -167,7 +167,10 @@ async fn commit(pool: &Pool, timeout: Duration, batch: Vec<RowToWrite>, stats: &
 
 /// Which rows of `batch` were written.
 async fn write(pool: &Pool, batch: &[RowToWrite]) -> Result<Vec<bool>, BackendFailure> {
-    let client = pool.get().await.map_err(|e| BackendFailure::new("connect", e))?;
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| BackendFailure::new("connect", e))?;
     let statement = client
         .prepare_cached(WRITE)
         .await

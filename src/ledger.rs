@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::budget::activity::{
-    self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, Plan, Policy, Report,
+    self, ActivityKey, ActivityRecord, BudgetError, Defaults, DraftOrReplay, Event, Policy, Report,
     Resolution, Status,
 };
 use crate::store::{Replaced, Store, StoreError};
@@ -167,8 +167,8 @@ impl<S: Store> Ledger<S> {
 
     /// Decides a failure report and makes the decision durable before
     /// returning it: the one route of a durable `NextAction`. Under the
-    /// activity's lock: load, decide (the core's plan, the token asked at
-    /// most once through `gate`), save, and only then return. A replay
+    /// activity's lock: load, decide (the core's draft or replay, the token
+    /// asked at most once through `gate`), save, and only then return. A replay
     /// returns the recorded decision and writes nothing; a `dry_run` decides
     /// the same way but takes no token and writes nothing. When another
     /// replica changed the activity first, it decides again on what is
@@ -191,7 +191,8 @@ impl<S: Store> Ledger<S> {
         loop {
             let _guard = self.locks.lock(key).await;
             let previous = self.store.load(key).await?;
-            let (decided, save) = self.decide(previous, key, report, &mut gate, now_ms, dry_run)?;
+            let (decided, save) =
+                self.decided_and_to_save(previous, key, report, &mut gate, now_ms, dry_run)?;
             let Some((record, replaces)) = save else {
                 return Ok(decided);
             };
@@ -210,7 +211,7 @@ impl<S: Store> Ledger<S> {
 
     /// The decision on a report against the stored record, and the record
     /// to save for it: none for a replay or a dry run.
-    fn decide(
+    fn decided_and_to_save(
         &self,
         previous: Option<ActivityRecord>,
         key: &ActivityKey,
@@ -223,8 +224,8 @@ impl<S: Store> Ledger<S> {
         let defaults = self.defaults();
         let requested = report.policy.map(|p| p.or_defaults(defaults.policy));
         let conflict = |recorded: &Policy| requested.is_some_and(|p| p != *recorded);
-        match activity::plan(previous, key, report, &defaults, now_ms)? {
-            Plan::Replay(replay) => Ok((
+        match activity::draft_or_replay(previous, key, report, &defaults, now_ms)? {
+            DraftOrReplay::Replay(replay) => Ok((
                 Decided {
                     policy_conflict: conflict(&replay.policy),
                     class_conflict: replay.event.class.is_some_and(|c| c != report.class),
@@ -234,7 +235,7 @@ impl<S: Store> Ledger<S> {
                 },
                 None,
             )),
-            Plan::Fresh(mut draft) => {
+            DraftOrReplay::Fresh(mut draft) => {
                 if !dry_run {
                     draft.take_token(gate, now_ms);
                 }

@@ -70,7 +70,7 @@ async fn run() -> ExitCode {
         tracing::warn!(
             "built without --cfg tokio_unstable (RUSTFLAGS replaces .cargo/config.toml): \
              the runtime keeps its LIFO slot and writes responses one by one, \
-             at about a third more server CPU a request"
+             at more server CPU a request (docs/design.md, \"The runtime\")"
         );
     }
     // mimalloc asks for transparent huge pages for its arenas; a 2 MiB page

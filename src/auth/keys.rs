@@ -31,12 +31,12 @@ const KEY_BYTES: usize = 32;
 /// The keys a server accepts, as digests, each with its tenant.
 #[derive(Debug, Clone, Default)]
 pub struct KeySet {
-    entries: Vec<Entry>,
+    entries: Vec<KeyEntry>,
 }
 
 /// One line of the keys file.
 #[derive(Debug, Clone)]
-struct Entry {
+struct KeyEntry {
     /// Whose key it is; shared by the tenant's lines and by every request
     /// the key authenticates (no copy per request).
     tenant: Arc<str>,
@@ -95,7 +95,7 @@ impl KeySet {
     /// `tenant:digest`, a tenant that is not a tenant id, a digest that is
     /// not 64 hex digits, or a digest already listed (one key, one tenant).
     pub fn parse(text: &str) -> Result<Self, KeysFileError> {
-        let mut entries: Vec<Entry> = Vec::new();
+        let mut entries: Vec<KeyEntry> = Vec::new();
         let mut tenants: HashMap<&str, Arc<str>> = HashMap::new();
         let mut seen: HashMap<[u8; 32], usize> = HashMap::new();
         for (index, raw) in text.lines().enumerate() {
@@ -119,7 +119,7 @@ impl KeySet {
                 return Err(bad(format!("the same digest is already on line {first}")));
             }
             let tenant = tenants.entry(name).or_insert_with(|| Arc::from(name));
-            entries.push(Entry {
+            entries.push(KeyEntry {
                 tenant: Arc::clone(tenant),
                 digest,
                 line,

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::admit::{give_back, place_id};
-use self::entry::{Entry, Nanos};
+use self::entry::{DependencyEntry, Nanos};
 use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::FairShares;
@@ -144,7 +144,7 @@ pub struct Dependencies {
     global_rate: f64,
     /// How far ahead a deferral may point, nanoseconds.
     horizon: Nanos,
-    entries: Vec<Entry>,
+    entries: Vec<DependencyEntry>,
     index: HashMap<Arc<str>, usize>,
     /// Tracked entries each tenant introduced.
     introduced: HashMap<Arc<str>, usize>,
@@ -496,7 +496,7 @@ fn observed_failure(observed: Observed) -> Second {
     }
 }
 
-fn success_rate(e: &Entry, now: Duration) -> f64 {
+fn success_rate(e: &DependencyEntry, now: Duration) -> f64 {
     e.tenants
         .iter()
         .map(|t| t.successes.clone().rate(now))

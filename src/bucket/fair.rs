@@ -134,7 +134,7 @@ pub struct Grant {
 }
 
 /// A request that could not be granted now, with what booking needs.
-struct Pending {
+struct ToBook {
     /// The tenant's entry.
     index: u32,
     /// Its next free slot.
@@ -409,12 +409,12 @@ impl FairShares {
 
     /// Grants a token now if the tenant is within its share (and the meter
     /// within its bound) or the bucket holds a spare one.
-    fn grant_now(&mut self, tenant: &str, now: Nanos) -> Result<Grant, Pending> {
+    fn grant_now(&mut self, tenant: &str, now: Nanos) -> Result<Grant, ToBook> {
         self.tenants.expire(now);
         let capacity = &self.capacity;
         let index = self.tenants.lookup(tenant, |name| capacity.weight_of(name));
         if self.closed.is_some() {
-            return Err(Pending {
+            return Err(ToBook {
                 index,
                 next: now,
                 share: 0,
@@ -435,7 +435,7 @@ impl FairShares {
         } else if backlogged && self.meter + self.token <= now {
             0 // a spare token: nobody has a claim on it
         } else {
-            return Err(Pending {
+            return Err(ToBook {
                 index,
                 next,
                 share,
@@ -452,7 +452,7 @@ impl FairShares {
     }
 
     /// Books the tenant's next free slot, or refuses.
-    fn book(&mut self, p: Pending, now: Nanos, max_wait: Nanos) -> Booking {
+    fn book(&mut self, p: ToBook, now: Nanos, max_wait: Nanos) -> Booking {
         if let Some(closed) = self.closed {
             return Booking::Refused {
                 retry_after: duration(closed.retry_after),

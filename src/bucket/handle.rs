@@ -35,12 +35,12 @@ use crate::budget::token::{Answer, Ask, Observed, PaceRecord};
 #[derive(Clone)]
 pub struct FairBucket {
     /// The bucket, its clock and its counters.
-    shared: Arc<Shared>,
+    inner: Arc<Inner>,
 }
 
-struct Shared {
-    /// The algorithm's state.
-    shares: Mutex<State>,
+struct Inner {
+    /// The budgets, under one lock.
+    budgets: Mutex<Budgets>,
     /// Time zero of the algorithm's clock.
     epoch: Instant,
     /// Counters for metrics, outside the lock.
@@ -51,7 +51,7 @@ struct Shared {
 
 /// The global bucket and the dependencies' budgets nested in it, under
 /// one lock: a retry asks both in one step.
-struct State {
+struct Budgets {
     global: FairShares,
     dependencies: Dependencies,
     reports: ReportLimiter,
@@ -77,8 +77,8 @@ impl FairBucket {
         dependencies: DependenciesConfig,
     ) -> Result<Self, BucketConfigError> {
         Ok(Self {
-            shared: Arc::new(Shared {
-                shares: Mutex::new(State {
+            inner: Arc::new(Inner {
+                budgets: Mutex::new(Budgets {
                     global: FairShares::new(config)?,
                     reports: ReportLimiter::new(
                         dependencies.max_reports_per_second,
@@ -95,7 +95,7 @@ impl FairBucket {
 
     /// Time since the bucket was built, on tokio's clock.
     pub fn now(&self) -> Duration {
-        self.shared.epoch.elapsed()
+        self.inner.epoch.elapsed()
     }
 
     /// A token for `tenant` now, spent for good, or its next slot booked
@@ -117,15 +117,15 @@ impl FairBucket {
     pub fn take(&self, tenant: &str, dependency: &str, ask: &Ask<'_>) -> Answer {
         let mut answer = {
             let mut state = self.lock();
-            let State {
+            let Budgets {
                 global,
                 dependencies,
                 ..
             } = &mut *state;
             dependencies.admit(global, tenant, dependency, ask, self.now())
         };
-        self.shared.counters.admission(&answer.admission);
-        if self.shared.shadow.load(Ordering::Relaxed) {
+        self.inner.counters.admission(&answer.admission);
+        if self.inner.shadow.load(Ordering::Relaxed) {
             answer.admission = answer.admission.shadowed();
         }
         answer
@@ -260,7 +260,7 @@ impl FairBucket {
 
     /// Enforces deferrals, or only computes them (shadow mode), from now on.
     pub fn set_mode(&self, mode: BucketMode) {
-        self.shared
+        self.inner
             .shadow
             .store(mode == BucketMode::Shadow, Ordering::Relaxed);
     }
@@ -269,7 +269,7 @@ impl FairBucket {
     /// recorded success (a no-op when `success_deposit` is 0).
     pub fn deposit_success(&self) {
         self.lock().global.deposit_success(self.now());
-        self.shared.counters.deposit();
+        self.inner.counters.deposit();
     }
 
     /// Changes the rate, burst and weights from now on
@@ -310,7 +310,7 @@ impl FairBucket {
 
     /// The counters, the bucket's level and each tracked tenant's tokens.
     pub fn stats(&self) -> BucketStats {
-        let mut stats = self.shared.counters.snapshot();
+        let mut stats = self.inner.counters.snapshot();
         let state = self.lock();
         let shares = &state.global;
         stats.level = shares.level(self.now());
@@ -326,12 +326,12 @@ impl FairBucket {
         stats
     }
 
-    /// The state. A panic while it was held cannot leave it half-changed
-    /// (the algorithm has no panicking path between two writes), so a
-    /// poisoned lock is taken as it is.
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared
-            .shares
+    /// The budgets. A panic while they were held cannot leave them
+    /// half-changed (the algorithm has no panicking path between two
+    /// writes), so a poisoned lock is taken as it is.
+    fn lock(&self) -> MutexGuard<'_, Budgets> {
+        self.inner
+            .budgets
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }

@@ -43,7 +43,7 @@ pub(super) const OVERFLOW: u32 = 0;
 
 /// One tracked tenant.
 #[derive(Debug)]
-pub(super) struct Tenant {
+pub(super) struct TenantSlot {
     /// The tenant id, shared with the index and with permits (no copy).
     pub name: Arc<str>,
     /// Its weight: its share of the refill is proportional to it.
@@ -77,7 +77,7 @@ pub(super) struct Tenant {
 #[derive(Debug)]
 pub(super) struct Tenants {
     /// Every entry; index 0 is the overflow entry.
-    slots: Vec<Tenant>,
+    slots: Vec<TenantSlot>,
     /// Tracked tenant ids to their entry (the overflow entry is not here).
     /// foldhash, as the activity locks: every token looks its tenant up
     /// here, and the table is bounded whatever ids clients send, so a fast
@@ -100,7 +100,11 @@ impl Tenants {
     /// entry with `overflow_weight`. Allocates everything it will need.
     pub fn new(max_tenants: usize, overflow_weight: u32) -> Self {
         let mut slots = Vec::with_capacity(max_tenants + 1);
-        slots.push(Tenant::new(Arc::from(OVERFLOW_TENANT), overflow_weight, 0));
+        slots.push(TenantSlot::new(
+            Arc::from(OVERFLOW_TENANT),
+            overflow_weight,
+            0,
+        ));
         Self {
             slots,
             index: HashMap::with_capacity_and_hasher(max_tenants, RandomState::default()),
@@ -113,13 +117,13 @@ impl Tenants {
     }
 
     /// The entry at `i`.
-    pub fn get(&self, i: u32) -> &Tenant {
+    pub fn get(&self, i: u32) -> &TenantSlot {
         &self.slots[i as usize]
     }
 
     /// The entry at `i`, to change its counters (never `next`: use
     /// [`Tenants::set_next`]).
-    pub fn get_mut(&mut self, i: u32) -> &mut Tenant {
+    pub fn get_mut(&mut self, i: u32) -> &mut TenantSlot {
         &mut self.slots[i as usize]
     }
 
@@ -139,7 +143,7 @@ impl Tenants {
     }
 
     /// Every entry, the overflow one first.
-    pub fn iter(&self) -> impl Iterator<Item = &Tenant> {
+    pub fn iter(&self) -> impl Iterator<Item = &TenantSlot> {
         self.slots.iter()
     }
 
@@ -172,7 +176,7 @@ impl Tenants {
         let weight = weight(&name);
         let i = if self.slots.len() <= self.max_tenants {
             let i = self.slots.len() as u32;
-            self.slots.push(Tenant::new(name.clone(), weight, 0));
+            self.slots.push(TenantSlot::new(name.clone(), weight, 0));
             i
         } else if self.idle_head != NONE {
             let i = self.idle_head;
@@ -180,7 +184,7 @@ impl Tenants {
             let slot = &mut self.slots[i as usize];
             self.index.remove(&slot.name);
             let generation = slot.generation.wrapping_add(1);
-            *slot = Tenant::new(name.clone(), weight, generation);
+            *slot = TenantSlot::new(name.clone(), weight, generation);
             i
         } else {
             return OVERFLOW;
@@ -365,7 +369,7 @@ impl Tenants {
     }
 }
 
-impl Tenant {
+impl TenantSlot {
     fn new(name: Arc<str>, weight: u32, generation: u32) -> Self {
         Self {
             name,

@@ -1,13 +1,13 @@
 //! The durable activity: the state machine that owns an activity's attempt
 //! budget, so that a worker restart can never reset it.
 //!
-//! Everything here is pure. [`plan`] takes the recorded activity (if any), a
-//! failure [`Report`] and the service's clock reading `now_ms` (used only to
-//! stamp a missing time, which is then recorded), and returns either the
-//! recorded decision to replay or a [`Draft`]: the new decision and the new
-//! record, waiting for the global retry token. The caller settles the token
-//! ([`Draft::take_token`]), makes the record durable, and only then
-//! replies.
+//! Everything here is pure. [`draft_or_replay`] takes the recorded activity
+//! (if any), a failure [`Report`] and the service's clock reading `now_ms`
+//! (used only to stamp a missing time, which is then recorded), and returns
+//! either the recorded decision to replay or a [`Draft`]: the new decision
+//! and the new record, waiting for the global retry token. The caller
+//! settles the token ([`Draft::take_token`]), makes the record durable, and
+//! only then replies.
 //!
 //! # Logical time
 //! `started_at` is the `occurred_at` of the first report. A decision measures
@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::action::{Action, Budget, ErrorClass};
 use super::codes;
-use super::decision::{Failure, RetryPlan, decide, exceed, settle};
+use super::decision::{ClassifiedFailure, RetryTerms, draft_event, exceed, settle};
 use super::hint::RawHints;
 use super::token::{Ask, Observed, Payment, TokenGate};
 
@@ -60,12 +60,12 @@ pub struct Report<'a> {
     pub dependency: &'a str,
 }
 
-/// What [`plan`] found.
+/// What [`draft_or_replay`] found.
 #[derive(Debug)]
-// A plan lives on the stack for one decision and is taken apart at once:
+// It lives on the stack for one decision and is taken apart at once:
 // boxing the draft would cost an allocation a decision to save a copy.
 #[allow(clippy::large_enum_variant)]
-pub enum Plan {
+pub enum DraftOrReplay {
     /// The attempt was decided before: return this event unchanged.
     Replay(Replay),
     /// A new decision, waiting for its token to be settled.
@@ -193,7 +193,8 @@ pub struct Defaults {
     pub max_hint_ms: u64,
 }
 
-/// Decides a failure report against the recorded activity.
+/// A failure report decided against the recorded activity: the recorded
+/// decision to replay, or a [`Draft`] of a new one.
 ///
 /// `now_ms` is the service's clock, read once by the caller: it stamps a
 /// report without `occurred_at` (and the stamp is recorded), dates the event
@@ -203,13 +204,13 @@ pub struct Defaults {
 /// # Errors
 /// [`BudgetError`] for attempt 0, an attempt that skips ahead, a closed or
 /// parked activity, or a time before the activity's start.
-pub fn plan(
+pub fn draft_or_replay(
     existing: Option<ActivityRecord>,
     key: &ActivityKey,
     report: &Report<'_>,
     defaults: &Defaults,
     now_ms: i64,
-) -> Result<Plan, BudgetError> {
+) -> Result<DraftOrReplay, BudgetError> {
     if report.attempt == 0 {
         return Err(BudgetError::AttemptMustBePositive);
     }
@@ -218,7 +219,7 @@ pub fn plan(
         && report.attempt <= record.attempts
     {
         if let Some(event) = record.decision_of(report.attempt) {
-            return Ok(Plan::Replay(Replay {
+            return Ok(DraftOrReplay::Replay(Replay {
                 event: Arc::clone(event),
                 policy: record.policy,
             }));
@@ -265,7 +266,7 @@ pub fn plan(
         {
             // Asked again before its time: the same deferral, without
             // touching the budget (no busy loop).
-            return Ok(Plan::Replay(Replay {
+            return Ok(DraftOrReplay::Replay(Replay {
                 event: Arc::clone(event),
                 policy: record.policy,
             }));
@@ -307,18 +308,18 @@ pub fn plan(
         elapsed: elapsed_ms / 1000,
         deadline: policy.deadline_seconds,
     };
-    let failure = Failure {
+    let failure = ClassifiedFailure {
         class: report.class,
         rule: report.rule,
         hints: report.hints,
         occurred_at_ms: Some(occurred_at_ms),
     };
-    let retry = RetryPlan {
+    let retry = RetryTerms {
         activity_id: Some(&key.activity_id),
         params: policy.delay_params(),
         deadline: Some(record.deadline()),
     };
-    let mut event = decide(
+    let mut event = draft_event(
         &budget,
         &failure,
         elapsed_ms,
@@ -339,7 +340,7 @@ pub fn plan(
             "the deferred attempt was asked again",
         );
     }
-    Ok(Plan::Fresh(Draft {
+    Ok(DraftOrReplay::Fresh(Draft {
         record,
         event,
         asked_again,

@@ -1,13 +1,14 @@
 //! The one decision on a failed attempt, shared by both forms of
 //! `NextAction`.
 //!
-//! The pure form decides on the budget the caller sends ([`decide_pure`]);
+//! The pure form decides on the budget the caller sends ([`pure_decision`]);
 //! the durable form on the budget its record holds
-//! ([`super::activity::plan`]). Both go through [`decide`] (the reference
-//! `next_action`, the server's do-not-retry, the retry's delay) and
-//! [`settle`] (what the budget's answer makes of a retry), so each
-//! rule and each sentence of a reason exists once. The result is an
-//! [`Event`]: the durable form records it, the pure form returns it.
+//! ([`super::activity::draft_or_replay`]). Both draft the decision's event
+//! with [`draft_event`] (the reference `next_action`, the server's
+//! do-not-retry, the retry's delay) and apply the budget's answer to it
+//! with [`settle`], so each rule and each sentence of a reason exists once.
+//! The result is an [`Event`]: the durable form records it, the pure form
+//! returns it.
 
 use super::action::{Action, Budget, ErrorClass, explain, next_action};
 use super::codes;
@@ -17,9 +18,10 @@ use super::hint::{GRPC_PUSHBACK_DO_NOT_RETRY, Hint, RawHints, normalize};
 use super::record::{Event, EventKind};
 use super::token::{Admission, Answer, Ask, Observed, Payment, TokenGate};
 
-/// A failed attempt as reported, whichever form of `NextAction` carries it.
+/// A failed attempt with its class, as reported or as the service classified
+/// it, whichever form of `NextAction` carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Failure<'a> {
+pub struct ClassifiedFailure<'a> {
     /// The failure's class.
     pub class: ErrorClass,
     /// The classification rule that gave `class`, when the service
@@ -80,10 +82,10 @@ pub(super) fn exceed(event: &mut Event, deadline: Deadline, start_ms: i64, why: 
     event.defer_reason = None;
 }
 
-/// What a retry needs to be planned: the activity whose jitter it uses, its
-/// backoff parameters, and its deadline when it is known.
+/// The terms a retry's delay is planned on: the activity whose jitter it
+/// uses, its backoff parameters, and its deadline when it is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPlan<'a> {
+pub struct RetryTerms<'a> {
     /// The activity id the jitter is derived from; without one (the pure
     /// form naming no activity) only a server's hint sets a delay.
     pub activity_id: Option<&'a str>,
@@ -93,21 +95,22 @@ pub struct RetryPlan<'a> {
     pub deadline: Option<Deadline>,
 }
 
-/// Decides a failed attempt on `budget`: the reference `next_action`, a
-/// server's do-not-retry turning a retry into `fail_permanent`, and for a
-/// retry (`retry`) the delay, `max(backoff, hint)` from `occurred_at`,
-/// which must start before the deadline.
+/// The event of a failed attempt decided on `budget`, before the budget's
+/// answer is settled on it: the reference `next_action`, a server's
+/// do-not-retry turning a retry into `fail_permanent`, and for a retry
+/// (`retry`) the delay, `max(backoff, hint)` from `occurred_at`, which must
+/// start before the deadline.
 ///
 /// `now_ms` stamps a failure without `occurred_at` and dates the event;
 /// `elapsed_ms` is what the event records of the budget's elapsed time.
 ///
 /// # Errors
 /// [`BudgetError::AttemptMustBePositive`] for a retry of attempt 0.
-pub fn decide(
+pub fn draft_event(
     budget: &Budget,
-    failure: &Failure<'_>,
+    failure: &ClassifiedFailure<'_>,
     elapsed_ms: u64,
-    retry: Option<RetryPlan<'_>>,
+    retry: Option<RetryTerms<'_>>,
     max_hint_ms: u64,
     now_ms: i64,
 ) -> Result<Event, BudgetError> {
@@ -140,7 +143,7 @@ pub fn decide(
     let mut action = next_action(budget, failure.class);
     let planned = match (action, retry) {
         (Action::ScheduleRetry, Some(retry)) => match retry.activity_id {
-            Some(id) => Some(plan_delay(
+            Some(id) => Some(planned_delay(
                 id,
                 budget.attempts,
                 retry.params,
@@ -315,7 +318,7 @@ pub struct PureReport<'a> {
     /// The reference budget, the failed attempt included.
     pub budget: Budget,
     /// The failure.
-    pub failure: Failure<'a>,
+    pub failure: ClassifiedFailure<'a>,
     /// The activity, when named: a retry then gets its delay. May be empty.
     pub activity_id: &'a str,
     /// Backoff base and cap for that delay.
@@ -324,7 +327,7 @@ pub struct PureReport<'a> {
     pub dependency: &'a str,
 }
 
-/// Decides the pure form: the reference `next_action` on the budget as
+/// The pure form's decision: the reference `next_action` on the budget as
 /// given, with the delay of a retry (the backoff when an activity is named,
 /// a server's hint either way), which must start before the budget's
 /// deadline (`occurred_at - elapsed + deadline`). A retry takes a token
@@ -334,7 +337,7 @@ pub struct PureReport<'a> {
 ///
 /// # Errors
 /// [`BudgetError`] for an invalid activity id.
-pub fn decide_pure(
+pub fn pure_decision(
     report: &PureReport<'_>,
     gate: Option<impl TokenGate>,
     max_hint_ms: u64,
@@ -350,13 +353,13 @@ pub fn decide_pure(
             .saturating_sub(i64::try_from(budget.elapsed.saturating_mul(1000)).unwrap_or(i64::MAX)),
         seconds: budget.deadline,
     };
-    let retry = RetryPlan {
+    let retry = RetryTerms {
         activity_id: (!report.activity_id.is_empty()).then_some(report.activity_id),
         params: report.params,
         deadline: Some(deadline),
     };
     let elapsed_ms = budget.elapsed.saturating_mul(1000);
-    let mut event = decide(
+    let mut event = draft_event(
         budget,
         &report.failure,
         elapsed_ms,
@@ -455,12 +458,12 @@ impl PlannedDelay {
     }
 }
 
-/// Plans a retry's delay: the reference backoff of `attempt`, or the
+/// A retry's planned delay: the reference backoff of `attempt`, or the
 /// server's normalised hint when it is longer (`max(backoff, hint)`).
 ///
 /// # Errors
 /// [`BudgetError::AttemptMustBePositive`] for attempt 0.
-pub fn plan_delay(
+pub fn planned_delay(
     activity_id: &str,
     attempt: u32,
     params: DelayParams,
@@ -565,7 +568,7 @@ mod pure_tests {
     fn report<'a>(budget: Budget, id: &'a str, retry_after: &'a str) -> PureReport<'a> {
         PureReport {
             budget,
-            failure: Failure {
+            failure: ClassifiedFailure {
                 class: ErrorClass::Transient,
                 rule: None,
                 hints: (!retry_after.is_empty()).then_some(RawHints {
@@ -590,14 +593,14 @@ mod pure_tests {
             elapsed: 59,
             deadline: 60,
         };
-        let e = decide_pure(&report(late, "a", ""), Some(Answering(None)), 600_000, NOW).unwrap();
+        let e = pure_decision(&report(late, "a", ""), Some(Answering(None)), 600_000, NOW).unwrap();
         assert_eq!(e.action, Some(Action::DeadlineExceeded), "{e:?}");
         assert!(!e.payment.is_token(), "no token taken for it");
         let early = Budget {
             elapsed: 10,
             ..late
         };
-        let e = decide_pure(
+        let e = pure_decision(
             &report(early, "a", "120"),
             Some(Answering(None)),
             600_000,
@@ -610,7 +613,7 @@ mod pure_tests {
             "as the server asked: {e:?}"
         );
         assert!(e.reason.contains("as the server asked"), "{}", e.reason);
-        let e = decide_pure(
+        let e = pure_decision(
             &report(early, "", "120"),
             Some(Answering(None)),
             600_000,
@@ -637,11 +640,11 @@ mod pure_tests {
             let budget = Budget { attempts, max_attempts: 6, elapsed, deadline };
             let hint = if retry_after == 0 { String::new() } else { retry_after.to_string() };
             let id = if named { "act-1" } else { "" };
-            let e = decide_pure(&report(budget, id, &hint), Some(Answering(wait_ms)), 600_000, NOW)
+            let e = pure_decision(&report(budget, id, &hint), Some(Answering(wait_ms)), 600_000, NOW)
                 .unwrap();
             let deadline_at = NOW - (elapsed * 1000) as i64 + (deadline * 1000) as i64;
             let planned = if named {
-                plan_delay(id, attempts, DelayParams::default(), None).unwrap().millis.max(retry_after * 1000)
+                planned_delay(id, attempts, DelayParams::default(), None).unwrap().millis.max(retry_after * 1000)
             } else {
                 retry_after * 1000
             };

@@ -294,7 +294,7 @@ pub(super) fn durable_decision(d: Decided, dry_run: bool) -> pb::NextActionRespo
 }
 
 /// A dependency's pace as `ReportTraffic` answers it.
-pub(super) fn pace(d: crate::bucket::DependencyStats) -> pb::DependencyPace {
+pub(super) fn pace_to_pb(d: crate::bucket::DependencyStats) -> pb::DependencyPace {
     let state = d.pace.evidence.state.as_str().to_owned();
     pb::DependencyPace {
         explanation: d.pace.to_string(),

@@ -11,7 +11,7 @@ use crate::budget::activity::{
     ActivityKey, Policy, Report, validate_activity_id, validate_dependency, validate_workflow_id,
 };
 use crate::budget::classify::RuleSet;
-use crate::budget::decision::{Failure, PureReport};
+use crate::budget::decision::{ClassifiedFailure, PureReport};
 use crate::budget::timestamp::TimeBounds;
 use crate::budget::{Budget, DelayParams, ErrorClass};
 
@@ -61,7 +61,7 @@ pub(super) fn asked<'r>(
                 elapsed: budget.elapsed,
                 deadline: budget.deadline,
             },
-            failure: Failure {
+            failure: ClassifiedFailure {
                 class,
                 rule,
                 hints,

@@ -16,7 +16,7 @@ use crate::budget::activity::{
     ActivityKey, BudgetError, validate_activity_id, validate_dependency,
 };
 use crate::budget::classify::RuleSet;
-use crate::budget::decision::decide_pure;
+use crate::budget::decision::pure_decision;
 use crate::budget::timestamp::TimeBounds;
 use crate::budget::traffic::{self, Traffic};
 use crate::budget::{DelayParams, retry_delay};
@@ -191,7 +191,7 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
                 // grants every retry.
                 let gate = (!req.dry_run).then_some(gate);
                 let max_hint_ms = self.ledger.defaults().max_hint_ms;
-                let event = decide_pure(&report, gate, max_hint_ms, now)?;
+                let event = pure_decision(&report, gate, max_hint_ms, now)?;
                 convert::decision(event, false, req.dry_run)
             }
             Asked::Durable(key, report) => {
@@ -315,7 +315,7 @@ impl<S: Store> RetryBudget for RetryBudgetService<S> {
                 .collect()
         };
         Ok(Response::new(pb::ReportTrafficResponse {
-            dependencies: dependencies.into_iter().map(convert::pace).collect(),
+            dependencies: dependencies.into_iter().map(convert::pace_to_pb).collect(),
         }))
     }
 

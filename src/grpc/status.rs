@@ -157,9 +157,9 @@ impl From<LedgerError> for Status {
     "{}: the server is draining; ask another replica",
     codes::SHUTTING_DOWN
 )]
-struct Draining;
+struct ShuttingDown;
 
-impl Refusal for Draining {
+impl Refusal for ShuttingDown {
     fn grpc_code(&self) -> Code {
         Code::Unavailable
     }
@@ -170,7 +170,7 @@ impl Refusal for Draining {
 
 /// The status of a call that arrives while the server drains.
 pub(super) fn draining() -> Status {
-    Draining.status()
+    ShuttingDown.status()
 }
 
 /// A request refused at the wire: its bytes, or its size. The message is

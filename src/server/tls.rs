@@ -208,10 +208,11 @@ fn rfc3339(unix_seconds: u64) -> String {
 /// The TLS config in force and what reloads it.
 pub(crate) struct Certs {
     current: ArcSwap<ServerConfig>,
-    state: Mutex<State>,
+    state: Mutex<ReloadState>,
 }
 
-struct State {
+/// What a reload reads and what it updates.
+struct ReloadState {
     files: Files,
     /// The contents last loaded or refused: the watch acts on a change.
     seen: [u8; 32],
@@ -235,7 +236,7 @@ impl Certs {
         log_loaded("TLS certificate loaded", &files, &leaf);
         Ok(Some(Arc::new(Self {
             current: ArcSwap::from_pointee(server),
-            state: Mutex::new(State {
+            state: Mutex::new(ReloadState {
                 files,
                 seen,
                 leaf,
@@ -297,7 +298,7 @@ impl Certs {
         }
     }
 
-    fn try_load(&self, state: &mut State, cause: &'static str) {
+    fn try_load(&self, state: &mut ReloadState, cause: &'static str) {
         let read = state.files.read();
         state.seen = fingerprint(&read);
         match read.and_then(|contents| build(&state.files, &contents)) {
@@ -325,7 +326,7 @@ impl Certs {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReloadState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

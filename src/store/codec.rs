@@ -101,7 +101,8 @@ pub fn decode(bytes: &[u8]) -> Result<ActivityRecord, DecodeError> {
 mod tests {
     use super::*;
     use crate::budget::activity::{
-        ActivityKey, Defaults, Plan, Policy, Report, Status, plan, record_success,
+        ActivityKey, Defaults, DraftOrReplay, Policy, Report, Status, draft_or_replay,
+        record_success,
     };
     use crate::budget::hint::RawHints;
     use crate::budget::{Admission, ErrorClass};
@@ -152,8 +153,8 @@ mod tests {
                 workflow_id: "wf-7",
                 dependency: "",
             };
-            match plan(record.take(), &key, &report, &defaults, now).expect("valid") {
-                Plan::Fresh(mut draft) => {
+            match draft_or_replay(record.take(), &key, &report, &defaults, now).expect("valid") {
+                DraftOrReplay::Fresh(mut draft) => {
                     let admission = if defer {
                         Admission::Deferred {
                             wait: std::time::Duration::from_millis(500),
@@ -166,7 +167,7 @@ mod tests {
                     draft.take_token(Answering(admission), now);
                     record = Some(draft.finish().0);
                 }
-                Plan::Replay(_) => unreachable!(),
+                DraftOrReplay::Replay(_) => unreachable!(),
             }
         }
         record_success(record.expect("planned"), Some(at + 9900), at + 9950).expect("open")

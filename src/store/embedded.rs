@@ -42,7 +42,7 @@ use futures_util::FutureExt;
 use futures_util::future::Either;
 use tokio::sync::oneshot;
 
-use self::writer::{Command, Keyspaces, Save, Writer};
+use self::writer::{Change, Keyspaces, Save, Writer};
 use super::{CommitStats, Replaced, Store, StoreError, codec};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
 use crate::budget::token::PaceRecord;
@@ -104,7 +104,7 @@ pub struct EmbeddedStore {
     keyspaces: Keyspaces,
     dir: PathBuf,
     /// The writer's queue; `None` once closed.
-    commands: Arc<Mutex<Option<SyncSender<Command>>>>,
+    changes: Arc<Mutex<Option<SyncSender<Change>>>>,
     count: Arc<AtomicU64>,
     stats: Arc<CommitStats>,
     _writer: Arc<WriterThread>,
@@ -113,13 +113,13 @@ pub struct EmbeddedStore {
 /// Joins the writer when the last clone of the store drops, so that a
 /// store reopened in the same process finds the directory free.
 struct WriterThread {
-    commands: Arc<Mutex<Option<SyncSender<Command>>>>,
+    changes: Arc<Mutex<Option<SyncSender<Change>>>>,
     handle: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for WriterThread {
     fn drop(&mut self) {
-        lock(&self.commands).take();
+        lock(&self.changes).take();
         if let Some(handle) = lock(&self.handle).take() {
             let _ = handle.join();
         }
@@ -127,7 +127,7 @@ impl Drop for WriterThread {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every change under these locks is one assignment: a panic elsewhere
+    // Every write under these locks is one assignment: a panic elsewhere
     // cannot leave one half-made.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -218,15 +218,15 @@ impl EmbeddedStore {
             .name("store-writer".into())
             .spawn(move || writer.run(receiver))
             .map_err(backend("start the writer"))?;
-        let commands = Arc::new(Mutex::new(Some(sender)));
+        let changes = Arc::new(Mutex::new(Some(sender)));
         Ok(Self {
             keyspaces,
             dir: dir.clone(),
-            commands: Arc::clone(&commands),
+            changes: Arc::clone(&changes),
             count,
             stats,
             _writer: Arc::new(WriterThread {
-                commands,
+                changes,
                 handle: Mutex::new(Some(handle)),
             }),
         })
@@ -272,14 +272,14 @@ impl EmbeddedStore {
         &self.stats
     }
 
-    /// Hands `command` to the writer; refused at once while `max_pending`
+    /// Hands `change` to the writer; refused at once while `max_pending`
     /// wait.
-    fn send(&self, command: Command) -> Result<(), StoreError> {
-        let commands = lock(&self.commands);
-        let Some(sender) = commands.as_ref() else {
+    fn send(&self, change: Change) -> Result<(), StoreError> {
+        let changes = lock(&self.changes);
+        let Some(sender) = changes.as_ref() else {
             return Err(StoreError::Closed);
         };
-        match sender.try_send(command) {
+        match sender.try_send(change) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(StoreError::Backlogged {
                 retry_after: BACKLOGGED_RETRY_AFTER,
@@ -288,23 +288,23 @@ impl EmbeddedStore {
         }
     }
 
-    /// Hands a command that is not a decision's to the writer, waiting
+    /// Hands a change that is not a decision's to the writer, waiting
     /// for room rather than being refused: the sweep and the paces are not
     /// on the request path.
-    async fn send_waiting(&self, mut command: Command) -> Result<(), StoreError> {
+    async fn send_waiting(&self, mut change: Change) -> Result<(), StoreError> {
         loop {
             let full = {
-                let commands = lock(&self.commands);
-                let Some(sender) = commands.as_ref() else {
+                let changes = lock(&self.changes);
+                let Some(sender) = changes.as_ref() else {
                     return Err(StoreError::Closed);
                 };
-                match sender.try_send(command) {
+                match sender.try_send(change) {
                     Ok(()) => return Ok(()),
                     Err(TrySendError::Full(back)) => back,
                     Err(TrySendError::Disconnected(_)) => return Err(StoreError::Closed),
                 }
             };
-            command = full;
+            change = full;
             tokio::time::sleep(BACKLOGGED_RETRY_AFTER).await;
         }
     }
@@ -318,7 +318,7 @@ impl EmbeddedStore {
         codec::encode_into(&record, &mut value);
         let (done, acked) = oneshot::channel();
         let purge_now = record.purgeable_from_ms();
-        self.send(Command::Save(Save {
+        self.send(Change::Save(Save {
             tenant: record.tenant,
             activity_id: record.activity_id,
             value,
@@ -366,7 +366,7 @@ impl Store for EmbeddedStore {
 
     async fn purge(&self, cutoff_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let (done, purged) = oneshot::channel();
-        self.send_waiting(Command::Purge {
+        self.send_waiting(Change::Purge {
             cutoff_ms,
             limit,
             done,
@@ -381,7 +381,7 @@ impl Store for EmbeddedStore {
             .map(|p| (p.dependency.clone(), codec::encode_pace(p)))
             .collect();
         let (done, saved) = oneshot::channel();
-        self.send_waiting(Command::Paces { paces, done }).await?;
+        self.send_waiting(Change::Paces { paces, done }).await?;
         saved.await.unwrap_or(Err(StoreError::Closed))
     }
 

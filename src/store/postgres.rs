@@ -94,7 +94,7 @@ struct Inner {
     /// The bound on each operation.
     timeout: Duration,
     /// To the group-commit dispatcher.
-    writes: mpsc::UnboundedSender<writer::Pending>,
+    writes: mpsc::UnboundedSender<writer::RowToWrite>,
     /// Set once the schema is up to date.
     schema: OnceCell<()>,
     /// Commits and the saves they carried.
@@ -110,7 +110,7 @@ impl PgStore {
     /// `store_unavailable` when the URL cannot be parsed.
     pub fn open(options: &PostgresOptions) -> Result<Self, StoreError> {
         let mut config = tokio_postgres::Config::from_str(&options.url)
-            .map_err(|e| Failure::new("parse the PostgreSQL URL", e).to_store_error())?;
+            .map_err(|e| BackendFailure::new("parse the PostgreSQL URL", e).to_store_error())?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.timeout);
         }
@@ -167,7 +167,7 @@ impl PgStore {
                 let mut client = self.client("migrate").await?;
                 migrate(&mut client)
                     .await
-                    .map_err(|e| Failure::new("migrate", e).to_store_error())?;
+                    .map_err(|e| BackendFailure::new("migrate", e).to_store_error())?;
                 Ok(())
             })
             .await
@@ -179,7 +179,7 @@ impl PgStore {
             .pool
             .get()
             .await
-            .map_err(|e| Failure::new(op, e).to_store_error())
+            .map_err(|e| BackendFailure::new(op, e).to_store_error())
     }
 
     /// `op` bounded by the store's timeout, after the schema is ready.
@@ -196,10 +196,11 @@ impl PgStore {
         tokio::time::timeout(timeout, run)
             .await
             .unwrap_or_else(|_| {
-                Err(
-                    Failure::new(op, format!("no answer from PostgreSQL within {timeout:?}"))
-                        .to_store_error(),
+                Err(BackendFailure::new(
+                    op,
+                    format!("no answer from PostgreSQL within {timeout:?}"),
                 )
+                .to_store_error())
             })
     }
 }
@@ -213,11 +214,11 @@ impl Store for PgStore {
                     "SELECT record FROM retry_budget_activities WHERE tenant = $1 AND activity_id = $2",
                 )
                 .await
-                .map_err(|e| Failure::new("load", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("load", e).to_store_error())?;
             let row = client
                 .query_opt(&statement, &[&key.tenant, &key.activity_id])
                 .await
-                .map_err(|e| Failure::new("load", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("load", e).to_store_error())?;
             row.map(|row| {
                 codec::decode(row.get::<_, &[u8]>(0)).map_err(|source| StoreError::Corrupt {
                     key: format!("{}/{}", key.tenant, key.activity_id),
@@ -237,7 +238,7 @@ impl Store for PgStore {
         let (done, answer) = oneshot::channel();
         let mut bytes = Vec::new();
         codec::encode_into(&record, &mut bytes);
-        let pending = writer::Pending {
+        let pending = writer::RowToWrite {
             expected: replaces.map_or(-1, |r| version(r.events)),
             version: version(record.events.len()),
             purgeable_from_ms: record.purgeable_from_ms(),
@@ -284,7 +285,7 @@ impl Store for PgStore {
                     &[&cutoff_ms, &limit],
                 )
                 .await
-                .map_err(|e| Failure::new("purge", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("purge", e).to_store_error())?;
             Ok(usize::try_from(purged).unwrap_or(usize::MAX))
         })
         .await
@@ -306,7 +307,7 @@ impl Store for PgStore {
                         ],
                     )
                     .await
-                    .map_err(|e| Failure::new("save paces", e).to_store_error())?;
+                    .map_err(|e| BackendFailure::new("save paces", e).to_store_error())?;
             }
             Ok(())
         })
@@ -319,7 +320,7 @@ impl Store for PgStore {
             let rows = client
                 .query("SELECT pace FROM retry_budget_dependency_paces", &[])
                 .await
-                .map_err(|e| Failure::new("load paces", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("load paces", e).to_store_error())?;
             // A pace that does not decode is skipped: it is advice.
             Ok(rows
                 .iter()
@@ -335,7 +336,7 @@ impl Store for PgStore {
             let row = client
                 .query_one("SELECT count(*) FROM retry_budget_activities", &[])
                 .await
-                .map_err(|e| Failure::new("count", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("count", e).to_store_error())?;
             Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
         })
         .await
@@ -351,7 +352,7 @@ impl Store for PgStore {
             client
                 .simple_query("SELECT 1")
                 .await
-                .map_err(|e| Failure::new("ping", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("ping", e).to_store_error())?;
             Ok(())
         })
         .await
@@ -373,7 +374,7 @@ impl Store for PgStore {
                     &[&SWEEP_TASK, &holder, &ttl_ms],
                 )
                 .await
-                .map_err(|e| Failure::new("claim the sweep", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("claim the sweep", e).to_store_error())?;
             Ok(claimed == 1)
         })
         .await
@@ -397,12 +398,12 @@ fn is_serialization_failure(error: &tokio_postgres::Error) -> bool {
 
 /// A failed operation whose cause several waiting saves share.
 #[derive(Debug, Clone)]
-struct Failure {
+struct BackendFailure {
     op: &'static str,
     cause: SharedError,
 }
 
-impl Failure {
+impl BackendFailure {
     fn new(op: &'static str, cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
         Self {
             op,
@@ -433,7 +434,7 @@ fn connection_pool(
     // certificate no root vouches for would fail every connection.
     let manager = if config.get_ssl_mode() == SslMode::Require {
         let tls = tls::connector(options.ca_file.as_deref())
-            .map_err(|e| Failure::new("set up TLS to PostgreSQL", e).to_store_error())?;
+            .map_err(|e| BackendFailure::new("set up TLS to PostgreSQL", e).to_store_error())?;
         Manager::from_config(config.clone(), tls, manager_config)
     } else {
         Manager::from_config(config.clone(), NoTls, manager_config)
@@ -445,7 +446,7 @@ fn connection_pool(
         .recycle_timeout(Some(options.timeout))
         .runtime(Runtime::Tokio1)
         .build()
-        .map_err(|e| Failure::new("build the connection pool", e).to_store_error())
+        .map_err(|e| BackendFailure::new("build the connection pool", e).to_store_error())
 }
 
 /// `error`'s text followed by each of its causes' not already in it.

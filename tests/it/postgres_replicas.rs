@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use common::{TestServer, pb, report, with_tenant};
 use postgres::TestDb;
 use retry_budget::budget::ErrorClass;
-use retry_budget::budget::activity::{ActivityKey, Defaults, Plan, Policy, Report, plan};
+use retry_budget::budget::activity::{
+    ActivityKey, Defaults, DraftOrReplay, Policy, Report, draft_or_replay,
+};
 use retry_budget::ledger::{Ledger, Unlimited};
 use retry_budget::store::{MIGRATIONS, PgStore, PostgresOptions, Replaced, Store, StoreError};
 use tonic_health::pb::HealthCheckRequest;
@@ -142,10 +144,11 @@ async fn a_write_over_a_version_another_replica_replaced_is_a_conflict() {
     let a = PgStore::open(&options(&db.url)).unwrap();
     let b = PgStore::open(&options(&db.url)).unwrap();
     let k = key("x");
-    let first = |attempt| match plan(None, &k, &failure(attempt), &defaults(), NOW).unwrap() {
-        Plan::Fresh(draft) => draft.finish().0,
-        Plan::Replay(_) => unreachable!(),
-    };
+    let first =
+        |attempt| match draft_or_replay(None, &k, &failure(attempt), &defaults(), NOW).unwrap() {
+            DraftOrReplay::Fresh(draft) => draft.finish().0,
+            DraftOrReplay::Replay(_) => unreachable!(),
+        };
     // Both replicas found it absent: one creates it.
     let (ra, rb) = tokio::join!(a.save(first(1), None), b.save(first(1), None));
     assert!(
@@ -158,7 +161,7 @@ async fn a_write_over_a_version_another_replica_replaced_is_a_conflict() {
     let stored = a.load(&k).await.unwrap().unwrap();
     // Both read version 1; a moves it on; b's write over version 1 fails
     // and leaves a's in place.
-    let next = |base: &retry_budget::budget::activity::ActivityRecord| match plan(
+    let next = |base: &retry_budget::budget::activity::ActivityRecord| match draft_or_replay(
         Some(base.clone()),
         &k,
         &failure(2),
@@ -167,8 +170,8 @@ async fn a_write_over_a_version_another_replica_replaced_is_a_conflict() {
     )
     .unwrap()
     {
-        Plan::Fresh(draft) => draft.finish().0,
-        Plan::Replay(_) => unreachable!(),
+        DraftOrReplay::Fresh(draft) => draft.finish().0,
+        DraftOrReplay::Replay(_) => unreachable!(),
     };
     let by_a = next(&stored);
     a.save(by_a.clone(), Some(Replaced::of(&stored)))

@@ -12,8 +12,8 @@
 //!   `activity_closed`, a success changes nothing, a resolution is refused;
 //! - no retry is planned past the deadline;
 //! - a report is refused exactly when, and for the reason, the
-//!   documentation says (a refusal has no record to save: `plan` returns
-//!   none; that nothing is written is checked over the server, in
+//!   documentation says (a refusal has no record to save: `draft_or_replay`
+//!   returns none; that nothing is written is checked over the server, in
 //!   `tests/it/races.rs`);
 //! - the record round-trips through the store's encoding after every step,
 //!   and the history goes on from the decoded copy, as after a restart.
@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use retry_budget::budget::activity::{
-    self, ActivityKey, ActivityRecord, BudgetError, Defaults, Event, EventKind, Plan, Policy,
-    Report, Resolution, Status,
+    self, ActivityKey, ActivityRecord, BudgetError, Defaults, DraftOrReplay, Event, EventKind,
+    Policy, Report, Resolution, Status,
 };
 use retry_budget::budget::hint::RawHints;
 use retry_budget::budget::token::{Answer, Ask, Observed};
@@ -188,10 +188,10 @@ fn apply(record: Option<&ActivityRecord>, step: &Abs) -> Outcome {
                 workflow_id: "wf-1",
                 dependency: "",
             };
-            match activity::plan(record.cloned(), &key(), &report, &defaults(), *now) {
+            match activity::draft_or_replay(record.cloned(), &key(), &report, &defaults(), *now) {
                 Err(e) => Outcome::Refused(e),
-                Ok(Plan::Replay(replay)) => Outcome::Replayed(replay.event),
-                Ok(Plan::Fresh(mut draft)) => {
+                Ok(DraftOrReplay::Replay(replay)) => Outcome::Replayed(replay.event),
+                Ok(DraftOrReplay::Fresh(mut draft)) => {
                     draft.take_token(Scripted(*token), *now);
                     if !draft.needs_write() {
                         return Outcome::Redeferred(draft.finish().1);
@@ -427,8 +427,9 @@ fn check_replays(record: &ActivityRecord, model: &Model, now: i64) {
                 workflow_id: "another",
                 dependency: "",
             };
-            match activity::plan(Some(record.clone()), &key(), &report, &defaults(), at) {
-                Ok(Plan::Replay(replay)) => {
+            match activity::draft_or_replay(Some(record.clone()), &key(), &report, &defaults(), at)
+            {
+                Ok(DraftOrReplay::Replay(replay)) => {
                     assert_eq!(
                         &replay.event, event,
                         "attempt {attempt} replays its decision"

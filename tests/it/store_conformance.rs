@@ -11,7 +11,8 @@ use std::time::Duration;
 use postgres::TestDb;
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
-    ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, Status, plan, record_success,
+    ActivityKey, ActivityRecord, Defaults, DraftOrReplay, Policy, Report, Status, draft_or_replay,
+    record_success,
 };
 use retry_budget::budget::token::{HealthState, PaceRecord, TenantPaceRecord};
 use retry_budget::store::{
@@ -48,9 +49,9 @@ fn record(k: &ActivityKey, class: ErrorClass, deadline_seconds: u64) -> Activity
         workflow_id: "wf",
         dependency: "",
     };
-    match plan(None, k, &report, &defaults, NOW).expect("valid report") {
-        Plan::Fresh(draft) => draft.finish().0,
-        Plan::Replay(_) => unreachable!("a new activity has nothing to replay"),
+    match draft_or_replay(None, k, &report, &defaults, NOW).expect("valid report") {
+        DraftOrReplay::Fresh(draft) => draft.finish().0,
+        DraftOrReplay::Replay(_) => unreachable!("a new activity has nothing to replay"),
     }
 }
 
@@ -70,10 +71,11 @@ fn next_failure(prev: &ActivityRecord) -> ActivityRecord {
         workflow_id: "wf",
         dependency: "",
     };
-    match plan(Some(prev.clone()), &prev.key(), &report, &defaults, NOW + 1).expect("valid report")
+    match draft_or_replay(Some(prev.clone()), &prev.key(), &report, &defaults, NOW + 1)
+        .expect("valid report")
     {
-        Plan::Fresh(draft) => draft.finish().0,
-        Plan::Replay(_) => unreachable!("a new attempt is not a replay"),
+        DraftOrReplay::Fresh(draft) => draft.finish().0,
+        DraftOrReplay::Replay(_) => unreachable!("a new attempt is not a replay"),
     }
 }
 

@@ -3,9 +3,9 @@
 //! - `new-activities`: over gRPC, each answer checked (rss.sh);
 //! - `preload --data-dir`: straight into the embedded store of a *stopped* server through
 //!   the library's [`Ledger`], enough at once to fill the store's group commits;
-//! - `preload --postgres-url`: each record decided by the library's [`plan`] as the ledger
-//!   decides it, and written with [`PgStore::import`] (what `retry-budget migrate` copies
-//!   with), 5,000 a transaction, two at once: ten million through gRPC would take hours.
+//! - `preload --postgres-url`: each record decided by the library's [`draft_or_replay`] as the
+//!   ledger decides it, and written with [`PgStore::import`] (what `retry-budget migrate`
+//!   copies with), 5,000 a transaction, two at once: ten million through gRPC would take hours.
 //!
 //! Preloaded ids are `pre-00000000` on, tenant `--tenant`.
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use retry_budget::budget::ErrorClass;
 use retry_budget::budget::activity::{
-    ActivityKey, ActivityRecord, Defaults, Plan, Policy, Report, plan,
+    ActivityKey, ActivityRecord, Defaults, DraftOrReplay, Policy, Report, draft_or_replay,
 };
 use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use retry_budget::ledger::{Ledger, LedgerError, Unlimited};
@@ -160,12 +160,12 @@ fn first_failure_record(
     now_ms: i64,
 ) -> Result<ActivityRecord, String> {
     let key = key(tenant, i);
-    match plan(None, &key, &first_failure(now_ms), defaults, now_ms) {
-        Ok(Plan::Fresh(mut draft)) => {
+    match draft_or_replay(None, &key, &first_failure(now_ms), defaults, now_ms) {
+        Ok(DraftOrReplay::Fresh(mut draft)) => {
             draft.take_token(Unlimited, now_ms);
             Ok(draft.finish().0)
         }
-        Ok(Plan::Replay(_)) => Err(format!(
+        Ok(DraftOrReplay::Replay(_)) => Err(format!(
             "preload: {}: replayed with nothing stored",
             key.activity_id
         )),

@@ -5,7 +5,7 @@
 use std::hash::BuildHasher;
 use std::time::Duration;
 
-use super::entry::{Entry, Lane, Taken};
+use super::entry::{DependencyEntry, Lane, Taken};
 use super::{Dependencies, nanos, observed_failure};
 use crate::bucket::fair::FairShares;
 use crate::bucket::health::{Limits, Second};
@@ -130,10 +130,10 @@ impl Dependencies {
             None => {
                 let refusal = e.tenants[t]
                     .waiting_for
-                    .unwrap_or(Refusal::Dependency { share: false });
+                    .unwrap_or(NoToken::Dependency { share: false });
                 match refusal {
-                    Refusal::Global(_) => global.hold_back(tenant),
-                    Refusal::Dependency { .. } => e.shares.hold_back(tenant),
+                    NoToken::Global(_) => global.hold_back(tenant),
+                    NoToken::Dependency { .. } => e.shares.hold_back(tenant),
                 }
                 refusal
             }
@@ -143,7 +143,7 @@ impl Dependencies {
         } else {
             refusal.reason()
         };
-        let by_dependency = matches!(refusal, Refusal::Dependency { .. });
+        let by_dependency = matches!(refusal, NoToken::Dependency { .. });
         // When its turn comes: the places ahead and itself, at the rate the
         // tenant can count on now.
         let rate = if by_dependency {
@@ -216,7 +216,7 @@ impl Dependencies {
 
 /// Why a retry got no token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refusal {
+pub(super) enum NoToken {
     /// The dependency's lanes had none: `share` when the tenant is past
     /// its share of the shared lane while other tenants want theirs.
     Dependency {
@@ -227,7 +227,7 @@ pub(super) enum Refusal {
     Global(&'static str),
 }
 
-impl Refusal {
+impl NoToken {
     fn reason(self) -> &'static str {
         match self {
             Self::Dependency { share: true } => TENANT_SHARE_EXHAUSTED,
@@ -241,11 +241,11 @@ impl Refusal {
 /// own, then from the global bucket; the reason when there is none.
 fn take_token(
     global: &mut FairShares,
-    e: &mut Entry,
+    e: &mut DependencyEntry,
     t: usize,
     tenant: &str,
     now: Duration,
-) -> Result<Taken, Refusal> {
+) -> Result<Taken, NoToken> {
     let n = nanos(now);
     let lane = if let Some(grant) = e.shares.take(tenant, now) {
         Lane::Shared(grant)
@@ -253,13 +253,13 @@ fn take_token(
         Lane::Earned
     } else {
         let share = e.shares.refuse(tenant, now) == TENANT_SHARE_EXHAUSTED;
-        let refusal = Refusal::Dependency { share };
+        let refusal = NoToken::Dependency { share };
         e.tenants[t].waiting_for = Some(refusal);
         return Err(refusal);
     };
     let Some(grant) = global.take(tenant, now) else {
         release_lane(e, t, lane, now);
-        let refusal = Refusal::Global(global.refuse(tenant, now));
+        let refusal = NoToken::Global(global.refuse(tenant, now));
         e.tenants[t].waiting_for = Some(refusal);
         return Err(refusal);
     };
@@ -270,7 +270,7 @@ fn take_token(
 }
 
 /// Gives a token taken and not used back to its lane.
-fn release_lane(e: &mut Entry, t: usize, lane: Lane, now: Duration) {
+fn release_lane(e: &mut DependencyEntry, t: usize, lane: Lane, now: Duration) {
     match lane {
         Lane::Shared(grant) => e.shares.release(grant, now),
         Lane::Earned => e.tenants[t].earned.give_back(),
@@ -281,7 +281,7 @@ fn release_lane(e: &mut Entry, t: usize, lane: Lane, now: Duration) {
 /// (a served place whose worker never claimed it).
 pub(super) fn give_back(
     global: &mut FairShares,
-    e: &mut Entry,
+    e: &mut DependencyEntry,
     t: usize,
     token: Taken,
     now: Duration,
@@ -292,7 +292,7 @@ pub(super) fn give_back(
 
 /// A retry granted now (a token taken, or its place's turn claimed): it
 /// runs from now on, so its fate is the evidence of the seconds to come.
-fn granted(e: &mut Entry, t: usize, second: u64, limits: &Limits) -> Answer {
+fn granted(e: &mut DependencyEntry, t: usize, second: u64, limits: &Limits) -> Answer {
     e.counters.admitted += 1;
     e.tenants[t].counters.admitted += 1;
     e.tenants[t].health.count(

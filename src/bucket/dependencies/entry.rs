@@ -105,7 +105,7 @@ pub(super) struct TenantEntry {
     pub restored: Option<(f64, u64)>,
     /// Why its last ask for a token was refused: the reason the retries
     /// waiting behind its line are told.
-    pub waiting_for: Option<super::admit::Refusal>,
+    pub waiting_for: Option<super::admit::NoToken>,
 }
 
 impl TenantEntry {
@@ -155,7 +155,7 @@ impl TenantEntry {
 
 /// One dependency's budget.
 #[derive(Debug)]
-pub(super) struct Entry {
+pub(super) struct DependencyEntry {
     pub name: Arc<str>,
     /// Named by the operator: always tracked, never evicted.
     pub named: bool,
@@ -186,7 +186,7 @@ pub(super) struct Entry {
     pub counters: DependencyCounters,
 }
 
-impl Entry {
+impl DependencyEntry {
     pub fn new(
         name: Arc<str>,
         config: &PaceConfig,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::Entry;
+use super::entry::DependencyEntry;
 use super::{Dependencies, IDLE_EVICTION_SECONDS, name_of};
 use crate::bucket::pace::OVERFLOW_DEPENDENCY;
 
@@ -64,7 +64,7 @@ impl Dependencies {
 
     pub(super) fn push(&mut self, name: &str, second: u64) -> usize {
         let config = self.config.pace_of(name);
-        let entry = Entry::new(
+        let entry = DependencyEntry::new(
             Arc::from(name),
             config,
             &self.template,
@@ -93,7 +93,7 @@ impl Dependencies {
             *n = n.saturating_sub(1);
         }
         let config = self.config.pace_of(name);
-        self.entries[i] = Entry::new(
+        self.entries[i] = DependencyEntry::new(
             Arc::from(name),
             config,
             &self.template,

@@ -41,10 +41,10 @@ fn key() -> ActivityKey {
     }
 }
 
-fn fresh(plan: Plan) -> Draft {
-    match plan {
-        Plan::Fresh(draft) => draft,
-        Plan::Replay(replay) => panic!("a replay: {replay:?}"),
+fn fresh(found: DraftOrReplay) -> Draft {
+    match found {
+        DraftOrReplay::Fresh(draft) => draft,
+        DraftOrReplay::Replay(replay) => panic!("a replay: {replay:?}"),
     }
 }
 
@@ -97,7 +97,8 @@ fn in_line(wait_ms: u64, since_ms: i64) -> Admission {
 fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     // The failure was 10 s ago, so the planned start (1 s after it) is
     // past and the turn, 500 ms from now, sets not_before.
-    let mut draft = fresh(plan(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
+    let mut draft =
+        fresh(draft_or_replay(None, &key(), &report(NOW - 10_000), &defaults(), NOW).unwrap());
     let mut gate = Answering::with(in_line(500, NOW));
     draft.take_token(&mut gate, NOW);
     assert_eq!((gate.observed, gate.asked.clone()), (1, vec![None]));
@@ -116,7 +117,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     assert_eq!(record.deferral.and_then(|d| d.waiting_since_ms), Some(NOW));
 
     // Early: the same deferral, replayed; still in line, no token.
-    let Plan::Replay(early) = plan(
+    let DraftOrReplay::Replay(early) = draft_or_replay(
         Some(record.clone()),
         &key(),
         &report(NOW - 10_000),
@@ -133,7 +134,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     // place; nothing to write, and its failure is not counted again.
     let at = NOW + 500;
     let mut again = fresh(
-        plan(
+        draft_or_replay(
             Some(record.clone()),
             &key(),
             &report(NOW - 10_000),
@@ -148,8 +149,9 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
     assert!(!again.needs_write(), "a deferral again is not recorded");
 
     // Its turn came: this call takes the token; the retry starts now.
-    let mut draft =
-        fresh(plan(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap());
+    let mut draft = fresh(
+        draft_or_replay(Some(record), &key(), &report(NOW - 10_000), &defaults(), at).unwrap(),
+    );
     let mut gate = Answering::with(Admission::Granted);
     draft.take_token(&mut gate, at);
     let (record, retry) = draft.finish();
@@ -169,7 +171,7 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
         "a dry run takes nothing"
     );
     assert_eq!(record.deferral, None);
-    let Plan::Replay(replayed) = plan(
+    let DraftOrReplay::Replay(replayed) = draft_or_replay(
         Some(record),
         &key(),
         &report(NOW - 10_000),
@@ -189,11 +191,12 @@ fn a_deferral_holds_a_place_and_the_call_whose_turn_came_takes_the_token() {
 /// A deferred attempt that stops (its deadline passed) gives up its place.
 #[test]
 fn a_deferred_attempt_that_stops_leaves_the_line() {
-    let mut draft = fresh(plan(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
+    let mut draft = fresh(draft_or_replay(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(9_000, NOW)), NOW);
     let (record, _) = draft.finish();
     let late = NOW + 3_600_001;
-    let mut draft = fresh(plan(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
+    let mut draft =
+        fresh(draft_or_replay(Some(record), &key(), &report(NOW), &defaults(), late).unwrap());
     let mut gate = Answering::default();
     draft.take_token(&mut gate, late);
     assert_eq!(draft.action(), Action::DeadlineExceeded);
@@ -208,7 +211,8 @@ fn a_deferred_attempt_that_stops_leaves_the_line() {
 #[test]
 fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
     let occurred = NOW + 30_000;
-    let mut draft = fresh(plan(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
+    let mut draft =
+        fresh(draft_or_replay(None, &key(), &report(occurred), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(500, NOW)), NOW);
     let (_, deferral) = draft.finish();
     assert_eq!(deferral.not_before_ms, Some(occurred + 1000));
@@ -225,7 +229,7 @@ fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
         deferral.reason
     );
 
-    let mut draft = fresh(plan(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
+    let mut draft = fresh(draft_or_replay(None, &key(), &report(NOW), &defaults(), NOW).unwrap());
     draft.take_token(&mut Answering::with(in_line(7_200_000, NOW)), NOW);
     let (_, deferral) = draft.finish();
     assert_eq!(
@@ -243,7 +247,7 @@ fn a_deferral_names_what_set_its_not_before_and_never_passes_the_deadline() {
 
 /// What the budget answers in the property test below.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+enum Script {
     Granted,
     /// Ask again this many nanoseconds from now, holding a place in line
     /// (true) or not.
@@ -251,13 +255,13 @@ enum Answer {
 }
 
 /// A gate answering as scripted, a place in line dated when first taken.
-struct Scripted(Answer);
+struct Scripted(Script);
 
 impl TokenGate for Scripted {
     fn take(&mut self, ask: &super::super::token::Ask<'_>) -> super::super::token::Answer {
         match self.0 {
-            Answer::Granted => Admission::Granted,
-            Answer::Deferred(n, place) => Admission::Deferred {
+            Script::Granted => Admission::Granted,
+            Script::Deferred(n, place) => Admission::Deferred {
                 wait: Duration::from_nanos(n),
                 reason: codes::DEPENDENCY_BUDGET_EXHAUSTED,
                 waiting_since_ms: ask.waiting_since_ms.or(place.then_some(ask.now_ms)),
@@ -282,10 +286,10 @@ struct Step {
     occurred_shift_ms: u64,
     /// How long an attempt runs before it fails.
     run_ms: u64,
-    answer: Answer,
+    answer: Script,
 }
 
-fn answer() -> impl proptest::strategy::Strategy<Value = Answer> {
+fn answer() -> impl proptest::strategy::Strategy<Value = Script> {
     use proptest::prelude::*;
     // Waits around the deadline, some a fraction of a millisecond past a
     // whole one (how the flood found the boundary).
@@ -294,8 +298,8 @@ fn answer() -> impl proptest::strategy::Strategy<Value = Answer> {
         (0u64..40_000).prop_map(|ms| ms * 1_000_000 + 500)
     ];
     prop_oneof![
-        Just(Answer::Granted),
-        (wait, any::<bool>()).prop_map(|(n, place)| Answer::Deferred(n, place)),
+        Just(Script::Granted),
+        (wait, any::<bool>()).prop_map(|(n, place)| Script::Deferred(n, place)),
     ]
 }
 
@@ -348,13 +352,13 @@ proptest::proptest! {
                 now = if s.follow { now.max(not_before) + s.latency_ms as i64 } else { now + s.gap_ms as i64 };
                 report.occurred_at_ms = Some((occurred + s.occurred_shift_ms as i64).min(now));
             }
-            let draft = match plan(record.clone(), &key(), &report, &defaults(), now).unwrap() {
-                Plan::Replay(replay) => {
+            let draft = match draft_or_replay(record.clone(), &key(), &report, &defaults(), now).unwrap() {
+                DraftOrReplay::Replay(replay) => {
                     proptest::prop_assert_eq!(replay.event.action, Some(Action::Deferred));
                     proptest::prop_assert!(now < deferred_until.unwrap());
                     continue;
                 }
-                Plan::Fresh(draft) => draft,
+                DraftOrReplay::Fresh(draft) => draft,
             };
             let mut draft = draft;
             draft.take_token(Scripted(s.answer), now);
@@ -385,7 +389,7 @@ proptest::proptest! {
                 Action::DeadlineExceeded => {
                     // Only when the deadline passed, or the attempt's own
                     // backoff would start after it.
-                    let delay = decision::plan_delay("a", attempt, policy.delay_params(), None).unwrap();
+                    let delay = decision::planned_delay("a", attempt, policy.delay_params(), None).unwrap();
                     let start = report.occurred_at_ms.unwrap() + delay.millis as i64;
                     proptest::prop_assert!(now >= deadline || start > deadline, "stopped early: {event:?}");
                     break;
@@ -395,8 +399,8 @@ proptest::proptest! {
                     // the stop is replayed.
                     let mut again = report;
                     again.occurred_at_ms = Some(now);
-                    let Plan::Replay(replay) =
-                        plan(record.clone(), &key(), &again, &defaults(), now + 60_000).unwrap()
+                    let DraftOrReplay::Replay(replay) =
+                        draft_or_replay(record.clone(), &key(), &again, &defaults(), now + 60_000).unwrap()
                     else {
                         return Err(proptest::test_runner::TestCaseError::fail("a stop decided again"));
                     };

@@ -30,7 +30,7 @@ pub(super) struct Keyspaces {
 }
 
 /// A change for the writer, and where its answer goes.
-pub(super) enum Command {
+pub(super) enum Change {
     /// Keep one activity's record.
     Save(Save),
     /// Delete up to `limit` activities purgeable before `cutoff_ms`.
@@ -70,9 +70,9 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    /// Serves `commands` until every sender is gone, then persists once
+    /// Serves `changes` until every sender is gone, then persists once
     /// more (a clean close leaves nothing to replay).
-    pub fn run(self, commands: Receiver<Command>) {
+    pub fn run(self, changes: Receiver<Change>) {
         // Wakes now and then with nothing to do, so that fjall's own
         // background work is never the only thing between a quiet store
         // and a durable journal: nothing is acknowledged unpersisted
@@ -81,19 +81,19 @@ impl Writer {
         let mut saves = Vec::with_capacity(self.max_batch);
         let mut others = Vec::new();
         loop {
-            let first = match commands.recv_timeout(IDLE) {
-                Ok(command) => command,
+            let first = match changes.recv_timeout(IDLE) {
+                Ok(change) => change,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             let mut next = Some(first);
-            while let Some(command) = next.take() {
-                match command {
-                    Command::Save(save) => saves.push(save),
+            while let Some(change) = next.take() {
+                match change {
+                    Change::Save(save) => saves.push(save),
                     other => others.push(other),
                 }
                 if saves.len() < self.max_batch {
-                    next = commands.try_recv().ok();
+                    next = changes.try_recv().ok();
                 }
             }
             if !saves.is_empty() {
@@ -102,8 +102,8 @@ impl Writer {
             // After the saves they came with: a purge reads what is
             // committed, and never shares a batch with a save of the same
             // activity.
-            for command in others.drain(..) {
-                self.run_other(command);
+            for change in others.drain(..) {
+                self.run_other(change);
             }
         }
         let _ = self.db.persist(PersistMode::SyncData);
@@ -168,17 +168,17 @@ impl Writer {
         }
     }
 
-    fn run_other(&self, command: Command) {
-        match command {
-            Command::Save(_) => unreachable!("saves are committed in groups"),
-            Command::Purge {
+    fn run_other(&self, change: Change) {
+        match change {
+            Change::Save(_) => unreachable!("saves are committed in groups"),
+            Change::Purge {
                 cutoff_ms,
                 limit,
                 done,
             } => {
                 let _ = done.send(self.purge(cutoff_ms, limit));
             }
-            Command::Paces { paces, done } => {
+            Change::Paces { paces, done } => {
                 let mut batch = self.db.batch();
                 for (name, bytes) in paces {
                     batch.insert(&self.keyspaces.paces, name, bytes);

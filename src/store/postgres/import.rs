@@ -3,7 +3,7 @@
 //! copy got, so that a copy stopped half-way resumes where it stopped and a
 //! copy run twice changes nothing.
 
-use super::{Failure, PgStore, version};
+use super::{BackendFailure, PgStore, version};
 use crate::budget::activity::{ActivityKey, ActivityRecord};
 use crate::store::{StoreError, codec};
 
@@ -43,7 +43,7 @@ impl PgStore {
                     &[&source],
                 )
                 .await
-                .map_err(|e| Failure::new("read the copy's progress", e).to_store_error())?;
+                .map_err(|e| BackendFailure::new("read the copy's progress", e).to_store_error())?;
             Ok(row.map(|row| {
                 let key = ActivityKey {
                     tenant: row.get(0),
@@ -89,7 +89,7 @@ impl PgStore {
                 })
                 .collect();
             let copied = i64::try_from(copied).unwrap_or(i64::MAX);
-            let fail = |e| Failure::new(op, e).to_store_error();
+            let fail = |e| BackendFailure::new(op, e).to_store_error();
             let tx = client.transaction().await.map_err(fail)?;
             tx.execute(IMPORT, &[&tenants, &ids, &versions, &purgeable, &encoded])
                 .await

@@ -20,11 +20,11 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Failure, is_serialization_failure};
+use super::{BackendFailure, is_serialization_failure};
 use crate::store::{CommitStats, StoreError};
 
 /// One row to write, and who waits for it.
-pub(super) struct Pending {
+pub(super) struct RowToWrite {
     /// The activity's tenant.
     pub tenant: String,
     /// The activity's id.
@@ -80,7 +80,7 @@ pub(super) fn spawn(
     max_batch: usize,
     in_flight: usize,
     stats: Arc<CommitStats>,
-) -> mpsc::UnboundedSender<Pending> {
+) -> mpsc::UnboundedSender<RowToWrite> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(dispatch(
         rx,
@@ -94,7 +94,7 @@ pub(super) fn spawn(
 }
 
 async fn dispatch(
-    mut rx: mpsc::UnboundedReceiver<Pending>,
+    mut rx: mpsc::UnboundedReceiver<RowToWrite>,
     pool: Pool,
     timeout: Duration,
     max_batch: usize,
@@ -132,11 +132,11 @@ async fn dispatch(
 }
 
 /// Writes one batch and answers each of its saves.
-async fn commit(pool: &Pool, timeout: Duration, batch: Vec<Pending>, stats: &CommitStats) {
+async fn commit(pool: &Pool, timeout: Duration, batch: Vec<RowToWrite>, stats: &CommitStats) {
     let started = std::time::Instant::now();
     let outcome = match tokio::time::timeout(timeout, write(pool, &batch)).await {
         Ok(outcome) => outcome,
-        Err(_) => Err(Failure::new(
+        Err(_) => Err(BackendFailure::new(
             "commit",
             format!("no answer from PostgreSQL within {timeout:?}"),
         )),
@@ -166,12 +166,15 @@ async fn commit(pool: &Pool, timeout: Duration, batch: Vec<Pending>, stats: &Com
 }
 
 /// Which rows of `batch` were written.
-async fn write(pool: &Pool, batch: &[Pending]) -> Result<Vec<bool>, Failure> {
-    let client = pool.get().await.map_err(|e| Failure::new("connect", e))?;
+async fn write(pool: &Pool, batch: &[RowToWrite]) -> Result<Vec<bool>, BackendFailure> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| BackendFailure::new("connect", e))?;
     let statement = client
         .prepare_cached(WRITE)
         .await
-        .map_err(|e| Failure::new("prepare", e))?;
+        .map_err(|e| BackendFailure::new("prepare", e))?;
     let tenants: Vec<&str> = batch.iter().map(|p| p.tenant.as_str()).collect();
     let ids: Vec<&str> = batch.iter().map(|p| p.activity_id.as_str()).collect();
     let expected: Vec<i64> = batch.iter().map(|p| p.expected).collect();
@@ -190,7 +193,7 @@ async fn write(pool: &Pool, batch: &[Pending]) -> Result<Vec<bool>, Failure> {
         {
             Ok(rows) => break rows,
             Err(e) if attempt < SERIALIZATION_RETRIES && is_serialization_failure(&e) => {}
-            Err(e) => return Err(Failure::new("commit", e)),
+            Err(e) => return Err(BackendFailure::new("commit", e)),
         }
     };
     let mut written = vec![false; batch.len()];

@@ -69,6 +69,10 @@ pub struct EmbeddedStoreOptions {
     pub cache_bytes: u64,
 }
 
+/// Each keyspace's memtable: full, it is sealed and flushed to a sorted
+/// table while the next fills, so the two together bound its memory.
+const MEMTABLE_BYTES: u64 = 16 << 20;
+
 /// The default most saves a group commit carries (`[store] max_batch`).
 pub const DEFAULT_MAX_BATCH: usize = 1024;
 
@@ -79,7 +83,7 @@ const PENDING_GROUPS: usize = 16;
 
 impl EmbeddedStoreOptions {
     /// Defaults for a data directory: groups of up to [`DEFAULT_MAX_BATCH`]
-    /// saves, sixteen groups' worth waiting at most, and 64 MiB
+    /// saves, sixteen groups' worth waiting at most, and 32 MiB
     /// of cache.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self::with_max_batch(data_dir, DEFAULT_MAX_BATCH)
@@ -92,7 +96,7 @@ impl EmbeddedStoreOptions {
             data_dir: data_dir.into(),
             max_batch,
             max_pending: PENDING_GROUPS * max_batch,
-            cache_bytes: 64 << 20,
+            cache_bytes: 32 << 20,
         }
     }
 }
@@ -188,8 +192,10 @@ impl EmbeddedStore {
             .map_err(backend("open the database"))?;
         const KEYSPACES: &str = "open the keyspaces";
         let open = |name: &str| {
-            db.keyspace(name, KeyspaceCreateOptions::default)
-                .map_err(backend(KEYSPACES))
+            db.keyspace(name, || {
+                KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_BYTES)
+            })
+            .map_err(backend(KEYSPACES))
         };
         let keyspaces = Keyspaces {
             activities: open("activities")?,

@@ -1,5 +1,5 @@
 //! Arbitrary bytes as `retrybudget.v1` requests, through the service the
-//! server runs: `RetryBudgetService` over a `Ledger` on a real redb store.
+//! server runs: `RetryBudgetService` over a `Ledger` on a real embedded store.
 //!
 //! The input is a sequence of steps, each `[kind][length: u16 LE][bytes]`
 //! (the last one takes what is left): `kind % 6` picks the request type
@@ -52,7 +52,7 @@ use retry_budget::grpc::pb::{self, retry_budget_server::RetryBudget};
 use retry_budget::grpc::status::ERROR_DOMAIN;
 use retry_budget::grpc::{Draining, RetryBudgetService};
 use retry_budget::ledger::Ledger;
-use retry_budget::store::{RedbStore, RedbStoreOptions};
+use retry_budget::store::{EmbeddedStore, EmbeddedStoreOptions};
 
 /// Inputs served by one store before it is dropped and a new one opened,
 /// so that a long run does not grow one store without end.
@@ -60,7 +60,7 @@ const INPUTS_PER_STORE: u64 = 20_000;
 
 /// The service on its store, and the directory the store lives in.
 struct Server {
-    service: RetryBudgetService<RedbStore>,
+    service: RetryBudgetService<EmbeddedStore>,
     bucket: FairBucket,
     defaults: Defaults,
     inputs: u64,
@@ -83,7 +83,7 @@ impl Server {
             max_hint_ms: config.hints.max_hint_ms(),
         };
         let _entered = runtime.enter();
-        let store = RedbStore::open(&RedbStoreOptions::new(dir.path())).expect("the store opens");
+        let store = EmbeddedStore::open(&EmbeddedStoreOptions::new(dir.path())).expect("the store opens");
         let ledger = Arc::new(Ledger::new(store, defaults));
         let rules = Arc::new(ArcSwap::from_pointee(RuleSet::default()));
         let bucket = FairBucket::with_dependencies(&config.bucket, config.dependencies.clone())
@@ -205,7 +205,7 @@ fn check_decision(req: &pb::NextActionRequest, r: &pb::NextActionResponse, defau
 
 /// The activity as stored, or the refusal's code.
 async fn stored(
-    service: &RetryBudgetService<RedbStore>,
+    service: &RetryBudgetService<EmbeddedStore>,
     tenant: &str,
     activity_id: &str,
 ) -> Result<pb::Activity, &'static str> {

@@ -6,9 +6,11 @@
 The server on free 127.0.0.1 ports, a fresh --data-dir, default flags otherwise (tenant `default`).
 --names durable NextAction first failures, each its own activity and dependency (dep-000001...),
 then --reports ReportTraffic of 64 new names each (under 500/s). VmRSS before, every 10,000 names,
-after; /metrics at the end. Exits 1 on VmHWM >= 64 MiB above the RSS before, a metric naming more
+after; /metrics at the end; then the control, the same activities under one name and no report (unless
+--no-control). Exits 1 when the names add 64 MiB or more to the peak RSS's growth, a metric names more
 than max_dependencies + 8 dependencies, a duplicated series, or a failed NextAction (refusals are
-sent again, 10 times at most). Without grpcio: clients/python/requirements.txt in target/bench-venv.
+sent again, 10 times at most). --one-name --reports 0: the control alone.
+Without grpcio: clients/python/requirements.txt in target/bench-venv.
 """
 import argparse, asyncio, collections, os, re, socket, subprocess, sys, tempfile, time, urllib.request
 
@@ -48,7 +50,7 @@ async def flood(args, port, pid, samples):
 
         async def worker():
             for i in todo:
-                req = pb.NextActionRequest(activity_id=f"names-{i:06d}", attempt=1, dependency=f"dep-{i:06d}",
+                req = pb.NextActionRequest(activity_id=f"names-{i:06d}", attempt=1, dependency=f"dep-{1 if args.one_name else i:06d}",
                                            error_class=pb.ERROR_CLASS_TRANSIENT)
                 for attempt in range(11):
                     try:
@@ -108,13 +110,8 @@ def check_metrics(text):
     return series, dups
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--server", default=os.path.join(ROOT, "target", "release", "retry-budget"))
-    p.add_argument("--names", type=int, default=100_000)  # NextAction, one name each
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--reports", type=int, default=500)  # ReportTraffic, 64 names each
-    args = p.parse_args()
+def serve(args):
+    """One server run: the flood, RSS before, after and at its peak, and /metrics at the end."""
     port, mport = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="retry-budget-names.") as work:
         log = open(os.path.join(work, "server.log"), "w")
@@ -138,23 +135,44 @@ def main():
         finally:
             server.terminate()
             server.wait(60)
+    return stats, codes, samples, before, after, peak, elapsed, text
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--server", default=os.path.join(ROOT, "target", "release", "retry-budget"))
+    p.add_argument("--names", type=int, default=100_000)  # NextAction, one name each
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--reports", type=int, default=500)  # ReportTraffic, 64 names each
+    p.add_argument("--one-name", action="store_true", help="the control: every NextAction names dep-000001")
+    p.add_argument("--no-control", action="store_true", help="skip the one-name control run")
+    args = p.parse_args()
+    stats, codes, samples, before, after, peak, elapsed, text = serve(args)
+    control = None
+    if not args.one_name and not args.no_control:
+        # The same activities under one name and no report: what the names add is the difference.
+        control = serve(argparse.Namespace(**{**vars(args), "one_name": True, "reports": 0}))
     series, dups = check_metrics(text)
     growth = (peak - before) / MIB
+    names_growth = growth if control is None else growth - (control[5] - control[3]) / MIB
     per = {f: (len(s), len({dict(labels)["dependency"] for labels in s})) for f, s in sorted(series.items())}
     worst = max((d for _, d in per.values()), default=0)
     print(f"elapsed {elapsed:.1f} s: {args.names} NextAction (concurrency {args.concurrency}), then "
-          f"{args.reports} ReportTraffic x 64 names; {stats['names']} distinct names in all")
+          f"{args.reports} ReportTraffic x 64 names; {stats['names']} names{' (NextAction: one)' if args.one_name else ', each distinct'}")
     print(f"NextAction: {dict(codes)}, failed {stats['failed']}, sent again {stats['pushed back']}")
     print(f"dependency_untracked: {stats['untracked']} of {args.names} answers; ReportTraffic: "
           + ", ".join(f"{k} {v}" for k, v in stats.items() if k.startswith(("reports", "paces"))))
     print(f"RSS before {before / MIB:.1f} MiB, after {after / MIB:.1f}, peak (VmHWM) {peak / MIB:.1f}; growth: "
-          f"after {(after - before) / MIB:.1f} MiB, peak {growth:.1f} MiB (limit: under 64)")
+          f"after {(after - before) / MIB:.1f} MiB, peak {growth:.1f} MiB")
+    if control is not None:
+        print(f"control (the same activities, one name, no report): peak growth "
+              f"{(control[5] - control[3]) / MIB:.1f} MiB; the names add {names_growth:.1f} MiB (limit: under 64)")
     print("RSS MiB by names: " + ", ".join(f"{n}: {k / MIB:.1f}" for n, k in samples))
     print(f"metrics naming a dependency (max_dependencies default {MAX_DEPENDENCIES}, limit "
           f"{MAX_DEPENDENCIES + 8} dependencies a metric):"
           + "".join(f"\n  {f}: {n} series, {d} dependencies" for f, (n, d) in per.items()))
     print(f"duplicate series: {len(dups)} {dups[:5]}")
-    bad = [why for why, b in [("RSS growth >= 64 MiB", growth >= 64), ("duplicate series", dups),
+    bad = [why for why, b in [("the names' RSS growth >= 64 MiB", names_growth >= 64), ("duplicate series", dups),
                               (f"a metric names {worst} dependencies", worst > MAX_DEPENDENCIES + 8),
                               ("a NextAction failed", stats["failed"])] if b]
     print("FAIL: " + "; ".join(bad) if bad else "OK")

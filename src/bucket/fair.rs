@@ -77,6 +77,12 @@
 //! a replica publishes these counts so that the global budget can be shared
 //! by where the demand is. Counting is one add on an entry the request
 //! touches anyway.
+//!
+//! # Where
+//! This file holds the types and the entry points (admission, taking a
+//! token); `meter` the global meter, `shares` the fair shares and the
+//! demand counts, `booking` granting a token now or booking a slot, and
+//! `reconfigure` a capacity set at run time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,10 +90,6 @@ use std::time::Duration;
 use super::capacity::Capacity;
 use super::config::{BucketConfig, BucketConfigError, MAX_RATE};
 use super::tenants::{OVERFLOW, Tenants};
-use super::{
-    GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
-    TENANT_SHARE_EXHAUSTED,
-};
 
 /// Times and durations inside, in nanoseconds. Every input is clamped below
 /// a quarter of `i64::MAX` (73 years), so sums never overflow.
@@ -232,16 +234,6 @@ impl FairShares {
         }
     }
 
-    /// Hands each tenant's count of tokens asked for since the last call,
-    /// and of those held back (deferred or refused), to `each`, and resets
-    /// the counts. Tenants that asked for nothing are
-    /// left out; an evicted tenant's count is lost with it (it was idle the
-    /// longest, so it is small).
-    pub fn take_demand(&mut self, mut each: impl FnMut(&str, u64, u64)) {
-        self.tenants
-            .take_asked(|name, asked, held_back| each(name, asked, held_back));
-    }
-
     /// Takes a token for `tenant` now if its share or spare capacity allows,
     /// without booking anything otherwise. The token can be returned with
     /// [`FairShares::release`].
@@ -268,49 +260,6 @@ impl FairShares {
                 self.book(pending, now, nanos(max_wait))
             }
         }
-    }
-
-    /// Gives back a token taken by [`FairShares::take`] and not used: to the
-    /// bucket, and to the tenant's share.
-    pub fn release(&mut self, grant: Grant, now: Duration) {
-        let now = nanos(now);
-        self.tenants.expire(now);
-        if let Some(closed) = &mut self.closed {
-            closed.held += 1.0;
-        } else {
-            self.refill(now);
-            self.meter = (self.meter - self.token).max(now - self.burst);
-        }
-        let i = grant.index;
-        if self.tenants.get(i).generation != grant.generation {
-            return; // evicted meanwhile: its share is gone already
-        }
-        let t = self.tenants.get_mut(i);
-        t.tokens = t.tokens.saturating_sub(1);
-        if grant.charged > 0 {
-            let next = t.next - grant.charged;
-            self.tenants.set_next(i, next, now);
-        }
-    }
-
-    /// Adds the configured `success_deposit` to the bucket (up to `burst`).
-    pub fn deposit_success(&mut self, now: Duration) {
-        if self.closed.is_some() {
-            return; // nothing to deposit into: the next capacity starts afresh
-        }
-        let now = nanos(now);
-        self.refill(now);
-        self.meter = (self.meter - self.deposit).max(now - self.burst);
-    }
-
-    /// Tokens in the bucket at `now`; negative when it has promised tokens
-    /// the refill has not yet paid for.
-    pub fn level(&self, now: Duration) -> f64 {
-        if let Some(closed) = self.closed {
-            return closed.held;
-        }
-        let now = nanos(now);
-        (now - self.meter.max(now - self.burst)) as f64 / self.token as f64
     }
 
     /// Tenants tracked one by one (the overflow entry not counted).
@@ -341,196 +290,6 @@ impl FairShares {
         let name = (index != OVERFLOW).then(|| Arc::clone(&self.tenants.get(index).name));
         (grant, name)
     }
-
-    /// Counts a token `tenant` asked for and did not get (a [`take`] that
-    /// failed) as held back, and says why, for a deferral's reason: its
-    /// share is spent while others want theirs ([`TENANT_SHARE_EXHAUSTED`]),
-    /// or the bucket is ([`GLOBAL_CAPACITY_EXHAUSTED`]). Held back, the
-    /// tenant's demand is published as wanting more than it asked: a
-    /// deferred worker waits its turn before asking again, so what it asks
-    /// is what it gets.
-    ///
-    /// [`take`]: FairShares::take
-    pub fn refuse(&mut self, tenant: &str, now: Duration) -> &'static str {
-        let now = nanos(now);
-        self.tenants.expire(now);
-        self.hold_back(tenant);
-        let others = match self.tenants.find(tenant) {
-            Some(i) => {
-                let t = self.tenants.get(i);
-                let own = if t.next > now { u64::from(t.weight) } else { 0 };
-                self.tenants.backlogged_weight() - own
-            }
-            None => self.tenants.backlogged_weight(),
-        };
-        if self.closed.is_none() && others > 0 {
-            TENANT_SHARE_EXHAUSTED
-        } else {
-            GLOBAL_CAPACITY_EXHAUSTED
-        }
-    }
-
-    /// Counts a token `tenant` wanted and did not ask for as held back: a
-    /// retry waiting behind its tenant's line, which asks for no token
-    /// while older places want theirs.
-    pub fn hold_back(&mut self, tenant: &str) {
-        if let Some(i) = self.tenants.find(tenant) {
-            let t = self.tenants.get_mut(i);
-            t.asked += 1;
-            t.held_back += 1;
-        }
-    }
-
-    /// Tokens a second `tenant` may count on now: its weighted share of the
-    /// rate among the tenants that want theirs, itself included, over the
-    /// replicas it asks ([`Capacity::spread`]).
-    pub fn share_rate(&mut self, tenant: &str, now: Duration) -> f64 {
-        if self.closed.is_some() {
-            return 0.0;
-        }
-        let now = nanos(now);
-        self.tenants.expire(now);
-        let weight = match self.tenants.find(tenant) {
-            Some(i) => u64::from(self.tenants.get(i).weight),
-            None => u64::from(self.capacity.weight_of(tenant)),
-        };
-        let own_backlogged = self
-            .tenants
-            .find(tenant)
-            .is_some_and(|i| self.tenants.get(i).next > now);
-        let total = self.tenants.backlogged_weight() + if own_backlogged { 0 } else { weight };
-        self.rate() * weight as f64 / total.max(1) as f64 * self.capacity.spread_of(tenant)
-    }
-
-    /// The bucket never holds more than `burst`: time spent full is lost.
-    fn refill(&mut self, now: Nanos) {
-        self.meter = self.meter.max(now - self.burst);
-    }
-
-    /// Grants a token now if the tenant is within its share (and the meter
-    /// within its bound) or the bucket holds a spare one.
-    fn grant_now(&mut self, tenant: &str, now: Nanos) -> Result<Grant, ToBook> {
-        self.tenants.expire(now);
-        let capacity = &self.capacity;
-        let index = self.tenants.lookup(tenant, |name| capacity.weight_of(name));
-        if self.closed.is_some() {
-            return Err(ToBook {
-                index,
-                next: now,
-                share: 0,
-                others: 0,
-            });
-        }
-        self.refill(now);
-        let t = self.tenants.get(index);
-        let (weight, next, generation) = (u64::from(t.weight), t.next, t.generation);
-        let backlogged = next > now;
-        let others = self.tenants.backlogged_weight() - if backlogged { weight } else { 0 };
-        let share = share_interval(self.token, others + weight, weight);
-        let within_bound = self.meter + self.token <= now + self.overcommit;
-
-        let charged = if !backlogged && within_bound {
-            self.tenants.set_next(index, now + share, now);
-            share
-        } else if backlogged && self.meter + self.token <= now {
-            0 // a spare token: nobody has a claim on it
-        } else {
-            return Err(ToBook {
-                index,
-                next,
-                share,
-                others,
-            });
-        };
-        self.meter += self.token;
-        self.tenants.get_mut(index).tokens += 1;
-        Ok(Grant {
-            index,
-            generation,
-            charged,
-        })
-    }
-
-    /// Books the tenant's next free slot, or refuses.
-    fn book(&mut self, p: ToBook, now: Nanos, max_wait: Nanos) -> Booking {
-        if let Some(closed) = self.closed {
-            return Booking::Refused {
-                retry_after: duration(closed.retry_after),
-                reason: if closed.retry_after > max_wait {
-                    past_max_wait(max_wait, GLOBAL_CAPACITY_EXHAUSTED)
-                } else {
-                    GLOBAL_CAPACITY_EXHAUSTED
-                },
-            };
-        }
-        let room = now + self.booking_bound;
-        // Not granted although within the over-commit bound: backlogged, so
-        // the slot is in the future.
-        let (earliest, reason) = if self.meter + self.token > room {
-            (
-                now + (self.meter + self.token - room),
-                GLOBAL_CAPACITY_EXHAUSTED,
-            )
-        } else if p.next - now > self.horizon {
-            (p.next - self.horizon, TENANT_BACKLOG_FULL)
-        } else {
-            let wait = p.next - now;
-            let reason = if p.others > 0 {
-                TENANT_SHARE_EXHAUSTED
-            } else {
-                GLOBAL_CAPACITY_EXHAUSTED
-            };
-            if wait > max_wait {
-                return Booking::Refused {
-                    retry_after: duration(wait),
-                    reason: past_max_wait(max_wait, reason),
-                };
-            }
-            self.meter += self.token;
-            self.tenants.get_mut(p.index).tokens += 1;
-            self.tenants.set_next(p.index, p.next + p.share, now);
-            return Booking::Booked {
-                wait: duration(wait),
-                reason,
-            };
-        };
-        // Refused: the request takes the next turn in the tenant's queue of
-        // refused requests, one share interval after the previous one, so it
-        // comes back about when a slot can be booked for it (and not with
-        // the others).
-        let t = self.tenants.get_mut(p.index);
-        let turn = t.refused_until.max(earliest);
-        let retry_after = turn - now;
-        if retry_after > max_wait {
-            // It will not come back: it takes no turn.
-            return Booking::Refused {
-                retry_after: duration(retry_after),
-                reason: past_max_wait(max_wait, reason),
-            };
-        }
-        t.refused_until = turn.saturating_add(p.share);
-        Booking::Refused {
-            retry_after: duration(retry_after),
-            reason,
-        }
-    }
-}
-
-/// The reason of a refusal because the slot comes later than `max_wait`: a
-/// caller that cannot wait at all (0, the stateless pure form) is told why
-/// there is no token now, not that it cannot wait.
-fn past_max_wait(max_wait: Nanos, reason: &'static str) -> &'static str {
-    if max_wait == 0 {
-        reason
-    } else {
-        RESERVATION_PAST_MAX_WAIT
-    }
-}
-
-/// `token * total / weight`, clamped (u128 arithmetic: no overflow).
-fn share_interval(token: Nanos, total: u64, weight: u64) -> Nanos {
-    let share = token as u128 * u128::from(total) / u128::from(weight.max(1));
-    share.min(NANOS_LIMIT as u128) as Nanos
 }
 
 fn nanos(d: Duration) -> Nanos {
@@ -541,6 +300,9 @@ fn duration(n: Nanos) -> Duration {
     Duration::from_nanos(n.max(0) as u64)
 }
 
+mod booking;
+mod meter;
 mod reconfigure;
+mod shares;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,13 @@
 //! The task that runs a replica's interval: measure demand, run the
 //! transaction, set the bucket, watch the lease.
+//!
+//! This file holds the task's state, its loop and an interval's
+//! transaction (the demand published, the rows read and written);
+//! `fleet` the fleet's grants computed and applied, `lapse` what happens
+//! when the grant goes (a failed interval, a lapsed lease, leaving).
+
+mod fleet;
+mod lapse;
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -14,7 +22,6 @@ use super::demand::{
 };
 use super::lease::{self, LeaseWrite};
 use super::{CoordinationConfig, CoordinationState, CoordinationStatus};
-use crate::bucket::FleetGrant;
 use crate::bucket::{BucketConfig, Capacity, FairBucket};
 
 /// Transactions tried per interval when they fail with SQLSTATE 40001.
@@ -307,209 +314,6 @@ impl Replica {
             grant,
             replicas: views.len(),
         })
-    }
-
-    /// Each dependency any live replica tracks: its fleet-wide allowance
-    /// (the replicas' own, weighted by the requests each saw, as a
-    /// replica weighs its tenants) and this replica's part of it, split as
-    /// the global rate is ([`allocate`], with the dependency's allowance
-    /// for the global one). A dependency new here thus finds its fleet's
-    /// pace at its first retry.
-    fn allocate_dependencies(
-        &self,
-        views: &[ReplicaView],
-    ) -> Vec<(String, FleetGrant, ReplicaGrant)> {
-        let config = self.bucket.dependencies_config();
-        let names: std::collections::BTreeSet<&str> = views
-            .iter()
-            .flat_map(|v| v.demand.dependencies.iter().map(|d| d.name.as_str()))
-            .collect();
-        names
-            .into_iter()
-            .take(config.max_dependencies.saturating_add(1))
-            .map(|name| {
-                let pace_config = config.pace_of(name);
-                let limits = pace_config.limits(self.budget.rate);
-                let allowed = match pace_config.rate {
-                    Some(rate) => rate,
-                    None => crate::bucket::health::blend(
-                        views
-                            .iter()
-                            .filter_map(|v| v.demand.dependency(name))
-                            .filter(|d| d.allowance > 0.0)
-                            .map(|d| (d.allowance, d.seen)),
-                        limits.initial,
-                    )
-                    .clamp(limits.floor, limits.cap),
-                };
-                let budget = BucketConfig {
-                    rate: allowed,
-                    burst: pace_config.burst(allowed),
-                    ..self.budget.clone()
-                };
-                let dependency_views: Vec<ReplicaView> = views
-                    .iter()
-                    .map(|v| match v.demand.dependency(name) {
-                        Some(d) => ReplicaView {
-                            demand: d.demand.clone(),
-                            granted_rate: d.granted_rate,
-                        },
-                        None => ReplicaView {
-                            demand: Demand::default(),
-                            granted_rate: 0.0,
-                        },
-                    })
-                    .collect();
-                let mut fates: std::collections::HashMap<String, crate::bucket::health::Fates> =
-                    std::collections::HashMap::new();
-                for d in views.iter().filter_map(|v| v.demand.dependency(name)) {
-                    for (tenant, f) in &d.fates {
-                        let sum = fates.entry(tenant.clone()).or_default();
-                        sum.granted = sum.granted.saturating_add(f.granted);
-                        sum.failed = sum.failed.saturating_add(f.failed);
-                        sum.failed_recently = sum.failed_recently.saturating_add(f.failed_recently);
-                    }
-                }
-                (
-                    name.to_owned(),
-                    FleetGrant { allowed, fates },
-                    allocate(&budget, &dependency_views, 0),
-                )
-            })
-            .collect()
-    }
-
-    /// Gives dependency `name`'s budget `rate` and `burst` with the grant's
-    /// weights, and the fleet's allowance.
-    fn apply_dependency(
-        &mut self,
-        name: &str,
-        fleet: &FleetGrant,
-        grant: &ReplicaGrant,
-        (rate, burst): (f64, u32),
-    ) {
-        self.bucket.set_dependency_grant(
-            name,
-            fleet.clone(),
-            &Capacity {
-                rate,
-                burst,
-                default_weight: grant.default_weight,
-                weights: grant.weights.clone(),
-                spread: grant.spread.clone(),
-                closed_retry_after: self.config.interval,
-            },
-        );
-        self.applied_dependencies
-            .insert(name.to_owned(), (rate, burst));
-    }
-
-    /// Gives the bucket `rate` and `burst` with the grant's weights.
-    fn apply(&mut self, grant: &ReplicaGrant, (rate, burst): (f64, u32)) {
-        self.bucket.set_capacity(&Capacity {
-            rate,
-            burst,
-            default_weight: grant.default_weight,
-            weights: grant.weights.clone(),
-            spread: grant.spread.clone(),
-            closed_retry_after: self.config.interval,
-        });
-        self.applied = (rate, burst);
-    }
-
-    /// When the granted lease would lapse, by this replica's clock: a TTL
-    /// after the last committed transaction began, which is no later than
-    /// the database's expiry (its `now()` came after). `None` without a
-    /// grant: once fallen back, nothing more lapses, and the next
-    /// transaction is given a whole interval to take the lease again.
-    fn lapse(&self) -> Option<Instant> {
-        self.renewed_at
-            .filter(|_| self.status() == CoordinationStatus::Granted)
-            .map(|at| at + self.config.lease_ttl())
-    }
-
-    fn status(&self) -> CoordinationStatus {
-        self.state.borrow().status
-    }
-
-    /// A failed interval: logged (once until the next success) and kept in
-    /// the state. The grant stays until the lease would lapse.
-    fn failed(&mut self, error: TickError) {
-        let previous = self.state.borrow().clone();
-        if let TickError::Lost(_) = error {
-            // Another process holds the row: neither may trust its grant.
-            tracing::error!(%error, "coordination: closing the bucket");
-            self.bucket
-                .set_capacity(&Capacity::closed(self.config.interval));
-            self.applied = (0.0, 0);
-            self.renewed_at = None;
-            self.state.send_replace(CoordinationState {
-                status: CoordinationStatus::NoGrant,
-                rate: 0.0,
-                burst: 0,
-                renewed_at: None,
-                last_error: Some(error.to_string()),
-                ..previous
-            });
-            return;
-        }
-        if previous.last_error.is_none() {
-            tracing::warn!(%error, status = ?previous.status, "coordination: transaction failed");
-        }
-        self.state.send_replace(CoordinationState {
-            last_error: Some(error.to_string()),
-            ..previous
-        });
-    }
-
-    /// The lease would have lapsed: the others no longer count this
-    /// replica, so it takes the global rate over the replicas it last saw.
-    fn fall_back(&mut self) {
-        let previous = self.state.borrow().clone();
-        let replicas = previous.replicas.max(1);
-        let rate = self.budget.rate / replicas as f64;
-        let burst = self.budget.burst / u32::try_from(replicas).unwrap_or(u32::MAX);
-        self.bucket.set_capacity(&Capacity {
-            rate,
-            burst,
-            closed_retry_after: self.config.interval,
-            ..Capacity::from_config(&self.budget)
-        });
-        self.applied = (rate, burst);
-        // Each dependency paced by the successes this replica sees alone.
-        self.bucket.uncoordinate_dependencies();
-        self.applied_dependencies.clear();
-        tracing::warn!(
-            rate,
-            burst,
-            replicas,
-            last_error = previous.last_error.as_deref().unwrap_or("none"),
-            "coordination: lease lapsed without renewal, falling back to the global rate over the replicas last seen"
-        );
-        self.state.send_replace(CoordinationState {
-            status: CoordinationStatus::Fallback,
-            rate,
-            burst,
-            ..previous
-        });
-    }
-
-    /// Deletes the row (best effort: if it fails, it lapses) and closes the
-    /// bucket.
-    async fn leave(&mut self) {
-        self.bucket
-            .set_capacity(&Capacity::closed(self.config.interval));
-        let Some(epoch) = self.epoch else { return };
-        let deleted = tokio::time::timeout(self.config.interval, async {
-            let client = self.pool.get().await.map_err(TickError::from)?;
-            Ok::<_, TickError>(lease::leave(&client, self.config.replica_id(), epoch).await?)
-        })
-        .await;
-        match deleted {
-            Ok(Ok(_)) => tracing::info!("coordination: left, lease row deleted"),
-            Ok(Err(error)) => tracing::warn!(%error, "coordination: leaving, the row will lapse"),
-            Err(_) => tracing::warn!("coordination: leaving timed out, the row will lapse"),
-        }
     }
 }
 

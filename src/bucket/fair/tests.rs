@@ -2,7 +2,10 @@
 //! test of the over-commit bound.
 
 use super::*;
-use crate::bucket::Capacity;
+use crate::bucket::{
+    Capacity, GLOBAL_CAPACITY_EXHAUSTED, RESERVATION_PAST_MAX_WAIT, TENANT_BACKLOG_FULL,
+    TENANT_SHARE_EXHAUSTED,
+};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -1,0 +1,66 @@
+//! The pace persisted: it survives a snapshot and a restore.
+
+use super::*;
+
+#[test]
+fn the_pace_survives_a_snapshot_and_restore() {
+    let (mut g, config) = global(100.0);
+    let mut deps = dependencies(&config);
+    let t0 = Duration::from_secs(10);
+    for s in 0..10u32 {
+        for i in 0..50u32 {
+            fail_and_ask(
+                &mut deps,
+                &mut g,
+                "t",
+                "down",
+                true,
+                t0 + s * S + i * 20 * MS,
+            );
+        }
+        deps.report("t", "busy", t0 + s * S, 2000, 2000, 0);
+    }
+    let records = deps.snapshot(t0 + 10 * S, 1_000);
+    let (mut g2, _) = global(100.0);
+    let mut restarted = dependencies(&config);
+    let t1 = Duration::from_secs(3);
+    restarted.restore(&records, t1);
+    let down = (0..50)
+        .filter(|i| {
+            granted(&fail_and_ask(
+                &mut restarted,
+                &mut g2,
+                "t",
+                "down",
+                true,
+                t1 + *i * MS,
+            ))
+        })
+        .count();
+    assert!(down <= 4, "{down} of 50 retried where it was in trouble");
+    let (mut g3, _) = global(1000.0);
+    let mut restarted = dependencies(&BucketConfig {
+        rate: 1000.0,
+        burst: 1000,
+        ..config.clone()
+    });
+    restarted.restore(&records, t1);
+    // Asked 20 s after the start, no report since: a replica waits for its
+    // first grant, and its workers' reports may come later still.
+    let busy = (0..50)
+        .filter(|i| {
+            granted(&fail_and_ask(
+                &mut restarted,
+                &mut g3,
+                "t",
+                "busy",
+                false,
+                t1 + 20 * S + *i * MS,
+            ))
+        })
+        .count();
+    assert!(
+        busy >= 45,
+        "{busy} of 50 retried where it was paced at 200 a second"
+    );
+}

@@ -26,11 +26,12 @@
 //!
 //! # Tracking
 //! At most `max_dependencies` are tracked one by one; the rest share one
-//! entry ([`OVERFLOW_DEPENDENCY`]), paced by the default pace, and a
-//! retry to one of them is told so. Dependencies the operator names are
-//! always tracked. A tenant may have introduced at most
-//! `max_dependencies_per_tenant` of the tracked ones. An idle entry is
-//! evicted for a new name, never while it holds evidence of trouble.
+//! entry ([`OVERFLOW_DEPENDENCY`](super::pace::OVERFLOW_DEPENDENCY)),
+//! paced by the default pace, and a retry to one of them is told so.
+//! Dependencies the operator names are always tracked. A tenant may have
+//! introduced at most `max_dependencies_per_tenant` of the tracked ones.
+//! An idle entry is evicted for a new name, never while it holds evidence
+//! of trouble.
 //!
 //! # Where
 //! This file holds [`Dependencies`] and what workers report to it;

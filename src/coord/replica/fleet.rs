@@ -87,32 +87,27 @@ impl Replica {
         grant: &ReplicaGrant,
         (rate, burst): (f64, u32),
     ) {
-        self.bucket.set_dependency_grant(
-            name,
-            fleet.clone(),
-            &Capacity {
-                rate,
-                burst,
-                default_weight: grant.default_weight,
-                weights: grant.weights.clone(),
-                spread: grant.spread.clone(),
-                closed_retry_after: self.config.interval,
-            },
-        );
+        self.bucket
+            .set_dependency_grant(name, fleet.clone(), &self.capacity(grant, rate, burst));
         self.applied_dependencies
             .insert(name.to_owned(), (rate, burst));
     }
 
     /// Gives the bucket `rate` and `burst` with the grant's weights.
     pub(super) fn apply(&mut self, grant: &ReplicaGrant, (rate, burst): (f64, u32)) {
-        self.bucket.set_capacity(&Capacity {
+        self.bucket.set_capacity(&self.capacity(grant, rate, burst));
+        self.applied = (rate, burst);
+    }
+
+    /// `rate` and `burst` with the grant's weights and spread.
+    fn capacity(&self, grant: &ReplicaGrant, rate: f64, burst: u32) -> Capacity {
+        Capacity {
             rate,
             burst,
             default_weight: grant.default_weight,
             weights: grant.weights.clone(),
             spread: grant.spread.clone(),
             closed_retry_after: self.config.interval,
-        });
-        self.applied = (rate, burst);
+        }
     }
 }

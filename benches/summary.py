@@ -3,8 +3,6 @@
 
     summary.py run RESULTS.jsonl           one benches/run.sh run: each target's ratio, by group
     summary.py line < RESULTS.jsonl        a line of progress from the last window
-    summary.py across [--costs] FILE...    the targets (or the cost model by machine) over runs;
-                                           FILE: a run.sh results file or summary.jsonl
     summary.py pg RESULTS.jsonl            the PostgreSQL targets of one benches/pg.sh run
     summary.py soak DIR                    one benches/soak.sh run (writes DIR/summary.json)
     summary.py cpu --after S --window S [--pid NAME=PID ...] [--comm NAME=COMM ...]
@@ -233,177 +231,6 @@ def run_report(path):
         print("preloaded: " + ", ".join(f"{k} = {v:,}" for k, v in sorted(stored.items())))
 
 
-# --- across runs ------------------------------------------------------------------------
-
-# (column, a prefix of the figure's name in `verdicts`).
-TARGETS = [
-    ("RD/h", "RetryDelay / health throughput"),
-    ("pure/h", "pure NextAction / health throughput"),
-    ("h2 RD/h", "h2load: RetryDelay / health throughput"),
-    ("h2 pure/h", "h2load: pure NextAction / health throughput"),
-    ("cpu pure/h", "server capacity: pure NextAction / health"),
-    ("p99 RD/h", "RetryDelay / health p99 at half saturation"),
-    ("p99 pure/h", "pure NextAction / health p99 at half saturation"),
-    ("dur/pure", "durable / pure NextAction"),
-    ("cpu dur/pure", "server capacity: durable / pure NextAction"),
-    ("gc/mb1", "durable group commit / max-batch 1"),
-    ("1M/1k", "durable, big store / 1k store"),
-    ("RSS MiB", "peak RSS, big store (MiB)"),
-]
-
-# (column, group, server threads or None): us of server CPU a request in the closed loops. A
-# column names the threads of either store: the fjall store's writer and engine workers, or
-# the redb-era journal writer and checkpoint thread of the runs in summary.jsonl.
-COSTS = [
-    ("health", "closed/health", None),
-    ("pure", "closed/pure-next-action", None),
-    ("pure (dur)", "durable/pure-next-action", None),
-    ("durable", "durable/group-commit", None),
-    ("worker", "durable/group-commit", ("tokio-rt-worker",)),
-    ("writer", "durable/group-commit", ("store-writer", "redb-writer")),
-    ("engine", "durable/group-commit", ("fjall:worker", "redb-checkpoint")),
-    ("1 fsync/dec", "durable/max-batch-1", None),
-]
-
-
-def machine_kind(machine):
-    """CPU model name and family/model: the kinds of machine the cost model is by."""
-    if not machine:
-        return "?"
-    cpu = (machine.get("cpu") or "?").replace("(R)", "").replace(" Processor", "").strip()
-    if machine.get("cpu_family") not in (None, ""):
-        cpu += f" {machine['cpu_family']}/{machine['cpu_model']}"
-    return cpu
-
-
-def summary_row(path):
-    """One run: its name, machine, commit, each of TARGETS as [figure, met, bound], its COSTS."""
-    machine, runs, servers = load(path)
-    rows = verdicts(runs, servers)
-    targets = {}
-    for heading, name in TARGETS:
-        row = next((r for r in rows if r["what"].startswith(name)), None)
-        if row is None:
-            targets[heading] = [None, None, None]
-        elif row["met"] is None:
-            targets[heading] = [None, None, row["bound"]]
-        else:
-            value = row["clean_ratio"] if row.get("clean_ratio") is not None else row["ratio"]
-            targets[heading] = [value, row["met"], row["bound"]]
-    costs = {}
-    for heading, label, thread in COSTS:
-        recs = [r for r in runs.get(label, []) if r.get("mode", "closed") == "closed"]
-        if thread:
-            value = mean([next((by[t] for t in thread if t in by), None)
-                          for by in ((r.get("server_thread_cpu_us_per_request") or {}) for r in recs)])
-        else:
-            value = mean([r.get("server_cpu_us_per_request") for r in recs])
-        costs[heading] = None if value is None else round(value, 3)
-    flushes = [r["latency_us"]["p50"] / 1000 for r in runs.get("fsync", []) if "latency_us" in r]
-    costs["fsync ms"] = round(statistics.median(flushes), 4) if flushes else None
-    m = re.search(r"run([A-Z]+)", os.path.basename(path))
-    name = m.group(1) if m else os.path.basename(path).removesuffix(".jsonl")
-    return {"kind": "run", "date": (machine or {}).get("date", ""), "run": name,
-            "machine": machine_kind(machine), "commit": (machine or {}).get("commit", "?"),
-            "targets": targets, "costs": costs}
-
-
-def all_rows(paths):
-    """Every run's row, in the order they ran: summary.jsonl's rows (written from the 88 runs'
-    results files, which git history keeps), or a results file's one."""
-    rows = []
-    for path in paths:
-        with open(path) as f:
-            first = f.readline()
-        rows += records(path) if first.strip() and json.loads(first).get("kind") == "run" else [summary_row(path)]
-    return sorted(rows, key=lambda r: (r["date"], r["run"]))
-
-
-def number(value, bound=None):
-    """Two decimals (none from 100 up or for MiB), more where two would round a ratio
-    across its bound (0.8996 against >= 0.9)."""
-    if value >= 100 or (bound is not None and bound >= 100):
-        return f"{value:.0f}"
-    for digits in range(2, 6):
-        text = f"{value:.{digits}f}"
-        if bound is None or (float(text) >= bound) == (value >= bound):
-            break
-    return text
-
-
-def cell(value, met, bound):
-    if value is None:
-        return "-"
-    return number(value, bound) + ("" if met else "*")
-
-
-def judged(rows, heading, machine=None):
-    return [tuple(r["targets"][heading]) for r in rows
-            if (machine is None or r["machine"] == machine) and r["targets"][heading][0] is not None]
-
-
-def median(found):
-    return number(statistics.median([v for v, _, _ in found]), found[0][2])
-
-
-def spread(found):
-    values = [v for v, _, _ in found]
-    return f"{number(min(values), found[0][2])}-{number(max(values), found[0][2])}"
-
-
-def met_count(found):
-    return sum(1 for _, met, _ in found if met)
-
-
-def across_report(paths):
-    rows = all_rows(paths)
-    lines = []
-    width = max([len(r["machine"]) for r in rows] + [7])
-
-    def line(label, cells):
-        lines.append(f"{label:<{15 + width}}" + " ".join(f"{c:>12}" for c in cells))
-
-    line(f"{'run':<5} {'machine':<{width}} {'commit':<8}", [h for h, _ in TARGETS])
-    for r in rows:
-        line(f"{r['run']:<5} {r['machine']:<{width}} {r['commit']:<8}", [cell(*r["targets"][h]) for h, _ in TARGETS])
-    lines.append("")
-    line("", [h for h, _ in TARGETS])
-    every = [judged(rows, h) for h, _ in TARGETS]
-    line("met in", [f"{met_count(j)} of {len(j)}" if j else "-" for j in every])
-    line("median", [median(j) if j else "-" for j in every])
-    line("range", [spread(j) if j else "-" for j in every])
-    kinds = sorted({r["machine"] for r in rows})
-    if len(kinds) > 1:
-        lines += ["", "by machine: median (runs met / judged)"]
-        for machine in kinds:
-            on_it = [judged(rows, h, machine) for h, _ in TARGETS]
-            line(machine, [f"{median(j)} ({met_count(j)}/{len(j)})" if j else "-" for j in on_it])
-    return "\n".join(lines)
-
-
-def cost_report(paths):
-    """By kind of machine, the median over its runs of each of COSTS, durable over pure on
-    the same servers, and the fsync probe."""
-    rows = all_rows(paths)
-    headings = [h for h, _, _ in COSTS] + ["dur/pure", "fsync ms"]
-    width = max([len(r["machine"]) for r in rows] + [7])
-    lines = [f"{'machine':<{width}} {'runs':>4} " + " ".join(f"{h:>11}" for h in headings)]
-    for machine in sorted({r["machine"] for r in rows}):
-        on_it = [r["costs"] for r in rows if r["machine"] == machine]
-        cells = []
-        for h in headings:
-            if h == "dur/pure":
-                values = [c["durable"] / c["pure (dur)"] for c in on_it if c.get("durable") and c.get("pure (dur)")]
-            else:
-                # Rows of the redb-era runs named the engine's column after its checkpoint thread.
-                values = [c.get(h, c.get("checkpoint") if h == "engine" else None) for c in on_it]
-                values = [v for v in values if v is not None]
-            digits = 2 if h in ("dur/pure", "fsync ms") else 1
-            cells.append(f"{statistics.median(values):.{digits}f}" if values else "-")
-        lines.append(f"{machine:<{width}} {len(on_it):>4} " + " ".join(f"{c:>11}" for c in cells))
-    return "\n".join(lines)
-
-
 # --- PostgreSQL (pg.sh) -----------------------------------------------------------------
 
 SERVICE_VS_PGBENCH = 1.5
@@ -617,20 +444,15 @@ def soak_report(out):
               f"{' ' + json.dumps(m['error_codes']) if m['errors'] else ''} | {m.get('pacer_lag_us', {}).get('p99')} | "
               f"{'-' if wait is None else f'{wait / 1000:.1f}'} | {m.get('system_busy_cores') or 0:.2f} | "
               f"{m.get('server_cpu_cores') or 0:.2f} | {rss_at(i * 60)} |")
-    # A results folder kept in the repository holds the final scrape only.
-    snaps = sorted((out / "metrics").glob("[0-9]*.txt")) if (out / "metrics").is_dir() else []
     tens, prev = [], None
-    for path in snaps:
+    for path in sorted((out / "metrics").glob("[0-9]*.txt")):
         b = buckets(parse_scrape(path.read_text()), "retry_budget_rpc_duration_seconds", method="NextAction", code="OK")
         if prev is not None:
             q = quantile(0.99, prev, b)
             tens.append((int(path.stem), None if q is None else round(q * 1e6)))
         prev = b
-    if not tens and (out / "summary.json").exists():
-        tens = list(enumerate(json.loads((out / "summary.json").read_text())["server_p99_us_10s"]))
     print("\nserver NextAction p99 (us) each 10 s, from its histogram:", " ".join(f"{p}" for _, p in tens))
-    final_path = out / "metrics" / "final.txt"
-    final = parse_scrape((final_path if final_path.exists() else out / "final-metrics.txt").read_text())
+    final = parse_scrape((out / "metrics" / "final.txt").read_text())
     mix = {
         "retries granted": total(final, "retry_budget_decisions_total", action="ACTION_SCHEDULE_RETRY"),
         "deferrals": total(final, "retry_budget_decisions_total", action="ACTION_DEFERRED"),
@@ -664,9 +486,6 @@ def main(argv):
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run").add_argument("results")
     sub.add_parser("line", help="progress from the last of the JSON lines on stdin")
-    a = sub.add_parser("across")
-    a.add_argument("--costs", action="store_true")
-    a.add_argument("files", nargs="+")
     sub.add_parser("pg").add_argument("results")
     sub.add_parser("soak").add_argument("dir")
     c = sub.add_parser("cpu")
@@ -679,16 +498,6 @@ def main(argv):
         run_report(args.results)
     elif args.command == "line":
         print(progress(json.loads(sys.stdin.read().strip().splitlines()[-1])))
-    elif args.command == "across" and args.costs:
-        print(cost_report(args.files))
-        print("\nus of server CPU a request, closed loops at 128 streams, median of the runs; 'pure (dur)'")
-        print("on the group-commit servers; durable split worker / writer / engine threads (fjall's workers, or the")
-        print("checkpoint thread of the redb-era runs);")
-        print("'1 fsync/dec' with --max-batch 1; fsync ms: the median probe of a 4 KiB write and fsync.")
-    elif args.command == "across":
-        print(across_report(args.files))
-        print("\n* missed its target; - not judged or not in the run. Targets: throughput ratios >= 0.9")
-        print("(dur/pure >= 0.5, gc/mb1 >= 20, 1M/1k >= 0.8), p99 ratios <= 1.25, RSS < 256 MiB.")
     elif args.command == "pg":
         print(pg_report(records(args.results)))
     elif args.command == "soak":

@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
-"""Tests of the rules the figures of BENCHMARKS.md rest on: summary.py's verdicts, the table
-across runs and the cost model, the PostgreSQL ratios, the soak's quantiles, and how
-callgrind_summary.py reads a dump with its simulated cache misses.
+"""Tests of the rules the figures of BENCHMARKS.md rest on: summary.py's verdicts, the PostgreSQL
+ratios, the soak's quantiles, and how callgrind_summary.py reads a dump with its simulated cache
+misses.
 
 Run: python3 benches/test_summary.py (benches/loadgen/tests/bench_summary.rs runs it under
 `cargo test --workspace`).
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -19,16 +18,14 @@ import callgrind_summary as cs  # noqa: E402
 import summary  # noqa: E402
 
 
-def window(throughput, *, other=0.0, cpu_us=None, p99=None, lag=None, mode="closed", threads=None, **extra):
+def window(throughput, *, other=0.0, cpu_us=None, p99=None, lag=None, mode="closed"):
     """One loadgen window with the fields the summaries read."""
     rec = {"throughput_rps": throughput, "other_busy_cores": other, "mode": mode,
-           "server_cpu_us_per_request": cpu_us or 1e6 / throughput, **extra}
+           "server_cpu_us_per_request": cpu_us or 1e6 / throughput}
     if p99 is not None:
         rec["latency_us"] = {"p99": p99}
     if lag is not None:
         rec["pacer_lag_us"] = {"p99": lag}
-    if threads:
-        rec["server_thread_cpu_us_per_request"] = threads
     return rec
 
 
@@ -87,82 +84,6 @@ class Verdicts(unittest.TestCase):
             "closed/health": [{"other_busy_cores": 0.1}], "closed/pure-next-action": [{"other_busy_cores": 0.4}]})
         self.assertEqual([summary.noisy_label(*n) for n in noisy], [
             "closed/pure-next-action", "durable/group-commit (0.40 of a core, 0.30 of it stolen by the host)"])
-
-
-class Across(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.addCleanup(self.dir.cleanup)
-
-    def run_file(self, name, hour, windows, cpu="AMD EPYC", **machine):
-        path = os.path.join(self.dir.name, f"2026-12-01-2core-run{name}.jsonl")
-        with open(path, "w") as f:
-            for rec in [{"kind": "machine", "date": f"2026-12-01T{hour:02}:00:00Z", "cpu": cpu, "commit": "abc1234",
-                         **machine}, *windows]:
-                f.write(json.dumps(rec) + "\n")
-        return path
-
-    def durable_runs(self, *runs):
-        return [self.run_file(name, 10 + i, [window(100_000, label="durable/pure-next-action"),
-                                             window(100_000 * ratio, label="durable/group-commit")],
-                              cpu_family=25, cpu_model=model)
-                for i, (name, ratio, model) in enumerate(runs)]
-
-    def test_a_runs_figures_are_the_judged_ratios_and_misses_are_marked(self):
-        path = self.run_file("ZA", 10, [
-            window(100_000, label="closed/health"), window(100_000, label="closed/health"),
-            window(95_000, label="closed/pure-next-action"),
-            window(40_000, other=0.9, label="closed/pure-next-action"),
-            window(100_000, label="durable/pure-next-action"), window(45_000, label="durable/group-commit")],
-            cpu_family=25, cpu_model=1)
-        r = summary.summary_row(path)
-        self.assertEqual((r["run"], r["machine"]), ("ZA", "AMD EPYC 25/1"))
-        self.assertAlmostEqual(r["targets"]["pure/h"][0], 0.95)
-        self.assertEqual(summary.cell(*r["targets"]["dur/pure"]), "0.45*")
-        self.assertEqual(summary.cell(*r["targets"]["h2 RD/h"]), "-")
-
-    def test_a_figure_is_never_rounded_across_its_bound(self):
-        cells = [summary.cell(*c) for c in [(0.8996, False, 0.9), (0.8970, False, 0.9), (0.9019, True, 0.9),
-                                            (0.4951, False, 0.5), (139.2, True, 256.0)]]
-        self.assertEqual(cells, ["0.8996*", "0.897*", "0.90", "0.495*", "139"])
-
-    def test_counts_medians_and_ranges_take_only_the_runs_that_judged_by_machine_too(self):
-        lines = summary.across_report(self.durable_runs(("ZC", 0.40, 1), ("ZB", 0.60, 1), ("ZD", 0.45, 17)))
-        lines = lines.splitlines()
-        self.assertEqual([line.split()[0] for line in lines[1:4]], ["ZC", "ZB", "ZD"])  # in the order they ran
-        self.assertIn("1 of 3", next(x for x in lines if x.startswith("met in")))
-        self.assertNotIn("0 of 0", next(x for x in lines if x.startswith("met in")))
-        self.assertIn("0.45", next(x for x in lines if x.startswith("median")))
-        self.assertIn("0.40-0.60", next(x for x in lines if x.startswith("range")))
-        start = lines.index("by machine: median (runs met / judged)")
-        self.assertTrue(lines[start + 1].startswith("AMD EPYC 25/1 ") and "0.50 (1/2)" in lines[start + 1])
-        self.assertTrue(lines[start + 2].startswith("AMD EPYC 25/17 ") and "0.45 (0/1)" in lines[start + 2])
-
-    def test_summary_rows_and_a_new_results_file_make_one_table_in_the_order_they_ran(self):
-        # summary.jsonl holds rows as summary_row made them from the runs' results files.
-        rows = [summary.summary_row(p) for p in self.durable_runs(("ZI", 0.45, 2), ("ZH", 0.55, 2))]
-        out = os.path.join(self.dir.name, "summary.jsonl")
-        with open(out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in reversed(rows))
-        self.assertEqual(summary.all_rows([out]), rows)
-        newer = self.run_file("ZJ", 20, [window(100_000, label="closed/health")])
-        self.assertEqual([line.split()[0] for line in summary.across_report([out, newer]).splitlines()[1:4]],
-                         ["ZI", "ZH", "ZJ"])
-
-    def test_costs_by_machine_take_each_kinds_median(self):
-        paths = [self.run_file(name, 10 + i, [
-            window(1e6 / health, label="closed/health"),
-            window(1e6 / (health + 1), label="closed/pure-next-action"),
-            window(1e6 / (health + 1), label="durable/pure-next-action"),
-            window(1e6 / (3 * health), label="durable/group-commit", threads={
-                "tokio-rt-worker": 2 * health, "redb-writer": health / 2, "redb-checkpoint": health / 2}),
-            {"label": "fsync", "scenario": "fsync", "latency_us": {"p50": fsync}},
-        ], cpu_family=25, cpu_model=1) for i, (name, health, fsync) in enumerate([("ZK", 10.0, 200), ("ZL", 12.0, 300),
-                                                                                 ("ZM", 20.0, 250)])]
-        cells = summary.cost_report(paths).splitlines()[1].split()
-        self.assertEqual(cells[:4], ["AMD", "EPYC", "25/1", "3"])
-        # health, pure, pure (dur), durable, worker, writer, checkpoint, 1 fsync/dec, dur/pure, fsync ms
-        self.assertEqual(cells[4:], ["12.0", "13.0", "13.0", "36.0", "24.0", "6.0", "6.0", "-", "2.77", "0.25"])
 
 
 class Postgres(unittest.TestCase):

@@ -1,8 +1,8 @@
 //! The rules of the bench scripts that the figures in BENCHMARKS.md rest on
-//! (`benches/test_summary.py`: the verdicts, the table across runs, the cost
-//! model, the PostgreSQL ratios, the soak's quantiles, callgrind's dumps), run
-//! here so that `cargo test --workspace` runs every test of the project.
-//! Without `python3` the test says it was skipped, and fails under `CI=true`.
+//! (`benches/test_summary.py`: the verdicts, the PostgreSQL ratios, the soak's
+//! quantiles, callgrind's dumps), run here so that `cargo test --workspace`
+//! runs every test of the project. Without `python3` the test says it was
+//! skipped, and fails under `CI=true`.
 
 use std::process::Command;
 

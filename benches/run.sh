@@ -90,12 +90,10 @@ fsync_probe() {
   log "  fsync: median $(tail -1 "$OUT" | python3 -c 'import json,sys; print(json.load(sys.stdin)["latency_us"]["p50"])') us"
 }
 
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
-
 h2load_run() { # label path body
-  local label=$1 path=$2 text rps ok failed cpu_us
+  local label=$1 path=$2 text rps ok failed cores
   # The server's CPU over h2load's measured window.
-  (sleep "$WARMUP"; a=$(cpu_ns "$PID"); sleep "$DURATION"; echo $(($(cpu_ns "$PID") - a))) >"$WORK/h2load-cpu" &
+  python3 "$ROOT/benches/summary.py" cpu --after "$WARMUP" --window "$DURATION" --pid server="$PID" >"$WORK/h2load-cpu" &
   SAMPLER=$!
   text=$("${PIN1[@]}" h2load -D "$DURATION" --warm-up-time "$WARMUP" -c $CONNECTIONS \
     -m $((CONCURRENCY / CONNECTIONS)) -t 1 -d "$3" \
@@ -105,11 +103,11 @@ h2load_run() { # label path body
   rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$text")
   ok=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$text")
   failed=$(sed -n 's/^requests: .* succeeded, \([0-9]*\) failed.*/\1/p' <<<"$text")
-  cpu_us=$(($(cat "$WORK/h2load-cpu") / 1000))
+  cores=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["server"])' "$WORK/h2load-cpu")
   bench_json kind=h2load label="$label" path="$path" throughput_rps="${rps:-null}" requests="${ok:-null}" \
     errors="${failed:-null}" clients=$CONNECTIONS streams_per_client=$((CONCURRENCY / CONNECTIONS)) \
-    warmup_s="$WARMUP" duration_s="$DURATION" server_cpu_cores="$(python3 -c "print($cpu_us / 1e6 / $DURATION)")" \
-    server_cpu_us_per_request="$(python3 -c "print($cpu_us / max(1, ${ok:-0}))")" >>"$OUT"
+    warmup_s="$WARMUP" duration_s="$DURATION" server_cpu_cores="$cores" \
+    server_cpu_us_per_request="$(python3 -c "print($cores * $DURATION * 1e6 / max(1, ${ok:-0}))")" >>"$OUT"
   log "  $label: ${rps:-?} req/s (h2load), ${failed:-?} failed"
 }
 

@@ -97,10 +97,6 @@ struct Args {
     /// The dependency durable reports name (empty: the default one).
     #[arg(long, default_value = "")]
     dependency: String,
-    /// Each activity names a dependency of its own: `--dependency` followed by its id (the
-    /// dependency table's bound under 100,000 names, docs/security.md).
-    #[arg(long)]
-    dependency_per_activity: bool,
     /// A label copied into the output, to group runs.
     #[arg(long, default_value = "")]
     label: String,
@@ -160,9 +156,6 @@ fn main() -> ExitCode {
     let args = Args::parse();
     scenario::DEPENDENCY
         .set(args.dependency.clone())
-        .expect("set once");
-    scenario::DEPENDENCY_PER_ACTIVITY
-        .set(args.dependency_per_activity)
         .expect("set once");
     let runtime = if args.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()

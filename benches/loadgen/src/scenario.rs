@@ -24,10 +24,6 @@ pub const GENEROUS_DEADLINE_SECONDS: u64 = 10 * 365 * 24 * 3600;
 /// The dependency durable reports name (`--dependency`), set once before the first request.
 pub static DEPENDENCY: OnceLock<String> = OnceLock::new();
 
-/// Whether each activity names a dependency of its own (`--dependency-per-activity`): the
-/// dependency name followed by the activity id, as a client putting URLs in `dependency` does.
-pub static DEPENDENCY_PER_ACTIVITY: OnceLock<bool> = OnceLock::new();
-
 /// A transient failure of `attempt` under the durable policy.
 pub fn durable_report(
     activity_id: String,
@@ -43,14 +39,7 @@ pub fn durable_report(
             base: None,
             cap: None,
         }),
-        dependency: if DEPENDENCY_PER_ACTIVITY.get().copied().unwrap_or(false) {
-            format!(
-                "{}{activity_id}",
-                DEPENDENCY.get().map_or("", String::as_str)
-            )
-        } else {
-            DEPENDENCY.get().cloned().unwrap_or_default()
-        },
+        dependency: DEPENDENCY.get().cloned().unwrap_or_default(),
         activity_id,
         occurred_at: Some(occurred_at),
         ..Default::default()

@@ -9,10 +9,11 @@ mod common;
 use common::TestServer;
 use serde_json::Value;
 
-/// Runs the generator with `args`, and returns its report or, if it failed, its stderr.
-async fn run(args: &[&str]) -> Result<Value, String> {
+/// Runs the generator with the words of `args`, then `more` (paths and urls, kept whole), and
+/// returns its report or, if it failed, its stderr.
+async fn run(args: &str, more: &[&str]) -> Result<Value, String> {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_retry-budget-loadgen"))
-        .args(args)
+        .args(args.split_whitespace().chain(more.iter().copied()))
         .output()
         .await
         .expect("run retry-budget-loadgen");
@@ -23,13 +24,11 @@ async fn run(args: &[&str]) -> Result<Value, String> {
 }
 
 /// A short window against `url` (2 connections, 8 clients), which must succeed.
-async fn window(url: &str, args: &[&str]) -> Value {
-    let mut all = vec!["--target", url, "--connections", "2", "--concurrency", "8"];
-    all.extend_from_slice(&["--warmup", "200ms", "--duration", "500ms"]);
-    all.extend_from_slice(args);
-    run(&all)
-        .await
-        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+async fn window(url: &str, args: &str, more: &[&str]) -> Value {
+    let short = format!("--connections 2 --concurrency 8 --warmup 200ms --duration 500ms {args}");
+    let more = [&["--target", url], more].concat();
+    let report = run(&short, &more).await;
+    report.unwrap_or_else(|e| panic!("{args} failed: {e}"))
 }
 
 async fn activity(server: &TestServer, id: &str) -> common::pb::Activity {
@@ -45,35 +44,47 @@ async fn activity(server: &TestServer, id: &str) -> common::pb::Activity {
         .into_inner()
 }
 
+/// Each scenario on the tonic client, the stateless ones on the h2 client too, closed and open
+/// loop: no error, latencies that add up, and what the scenario adds to its report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scenario_runs_without_errors_on_either_client() {
     let server = TestServer::start().await;
-    let url = server.url();
-    let scenarios = [
-        "health",
-        "retry-delay",
-        "pure-next-action",
-        "durable-next-action",
-        "mixed",
+    let open = "--mode open --rate 2000";
+    let durable = "--tenant loadgen-test --attempts 3 --run-id e2e";
+    let mut cases = vec![
+        ("durable-next-action", "tonic", durable),
+        ("mixed", "tonic", ""),
     ];
-    let h2 = ["health", "retry-delay", "pure-next-action"].map(|s| (s, "h2"));
-    for (scenario, client) in scenarios.map(|s| (s, "tonic")).into_iter().chain(h2) {
-        let report = window(&url, &["--scenario", scenario, "--client", client]).await;
-        assert_eq!(
-            (report["scenario"].as_str(), report["client"].as_str()),
-            (Some(scenario), Some(client))
-        );
-        assert_eq!(report["errors"], 0, "{scenario}: {report}");
-        assert!(
-            report["requests"].as_u64() > Some(0),
-            "{scenario}: {report}"
-        );
-        let (p50, p99) = (
-            report["latency_us"]["p50"].as_u64(),
-            report["latency_us"]["p99"].as_u64(),
-        );
-        assert!(Some(0) < p50 && p50 <= p99, "{scenario}: {report}");
+    for client in ["tonic", "h2"] {
+        for scenario in ["health", "retry-delay", "pure-next-action"] {
+            cases.push((scenario, client, ""));
+        }
+        cases.push(("health", client, open));
     }
+    for (scenario, client, extra) in cases {
+        let args = format!("--scenario {scenario} --client {client} {extra}");
+        let report = window(&server.url(), &args, &[]).await;
+        let what = format!("{args}: {report}");
+        let echoed = (report["scenario"].as_str(), report["client"].as_str());
+        assert_eq!(echoed, (Some(scenario), Some(client)), "{what}");
+        assert_eq!(report["errors"], 0, "{what}");
+        assert!(report["requests"].as_u64() > Some(0), "{what}");
+        let latency = &report["latency_us"];
+        let (p50, p99) = (latency["p50"].as_u64(), latency["p99"].as_u64());
+        assert!(Some(0) < p50 && p50 <= p99, "{what}");
+        if extra == open {
+            // 2,000 a second over the 0.5 s window.
+            let due = report["requests_due"].as_u64().expect("requests_due");
+            assert!((990..=1010).contains(&due), "{what}");
+            assert!(report["pacer_lag_us"]["p99"].is_u64(), "{what}");
+        }
+        if scenario == "durable-next-action" {
+            assert_eq!(report["attempts_per_activity"], 3, "{what}");
+        }
+    }
+    // Durable: client 0 walked its first activity through attempts 1 to 3 before moving on.
+    let first = activity(&server, "be2e-0-0").await;
+    assert_eq!((first.attempts, first.events.len()), (3, 3), "{first:?}");
     server.stop().await.expect("clean stop");
 }
 
@@ -84,35 +95,23 @@ async fn both_clients_count_a_wrong_answer_the_same_way() {
     let server =
         TestServer::start_with(|config| (config.bucket.rate, config.bucket.burst) = (1.0, 1)).await;
     for client in ["tonic", "h2"] {
-        let report = window(
-            &server.url(),
-            &["--scenario", "pure-next-action", "--client", client],
-        )
-        .await;
+        let args = format!("--scenario pure-next-action --client {client}");
+        let report = window(&server.url(), &args, &[]).await;
         let deferred = report["error_codes"]["unexpected_action"].as_u64();
-        assert!(
-            deferred > Some(0) && report["errors"].as_u64() == deferred,
-            "{client}: {report}"
-        );
+        let all = report["errors"].as_u64();
+        assert!(deferred > Some(0) && all == deferred, "{client}: {report}");
     }
     server.stop().await.expect("clean stop");
 }
 
 #[tokio::test]
 async fn what_cannot_run_is_a_clear_error() {
-    let target = ["--target", "http://127.0.0.1:9"];
-    let h2 = run(&[
-        &target[..],
-        &["--scenario", "durable-next-action", "--client", "h2"],
-    ]
-    .concat())
-    .await;
+    let nowhere = ["--target", "http://127.0.0.1:9"];
+    let h2 = run("--scenario durable-next-action --client h2", &nowhere).await;
     let error = h2.expect_err("no h2 client for a durable scenario");
-    assert!(
-        error.contains("invalid arguments") && error.contains("pure-next-action"),
-        "{error}"
-    );
-    let error = run(&[&target[..], &["--scenario", "health"]].concat())
+    let clear = error.contains("invalid arguments") && error.contains("pure-next-action");
+    assert!(clear, "{error}");
+    let error = run("--scenario health", &nowhere)
         .await
         .expect_err("nothing there");
     assert!(
@@ -121,84 +120,21 @@ async fn what_cannot_run_is_a_clear_error() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_open_loop_sends_at_its_rate() {
-    let server = TestServer::start().await;
-    for client in ["tonic", "h2"] {
-        let args = [
-            "--scenario",
-            "health",
-            "--mode",
-            "open",
-            "--rate",
-            "2000",
-            "--client",
-            client,
-        ];
-        let report = window(&server.url(), &args).await;
-        assert_eq!(report["errors"], 0, "{client}: {report}");
-        // 2,000 a second over the 0.5 s window.
-        let due = report["requests_due"].as_u64().expect("requests_due");
-        assert!((990..=1010).contains(&due), "{client}: {report}");
-        assert!(report["pacer_lag_us"]["p99"].is_u64(), "{client}: {report}");
-    }
-    server.stop().await.expect("clean stop");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn durable_decisions_are_stored() {
-    let server = TestServer::start().await;
-    let args = [
-        "--scenario",
-        "durable-next-action",
-        "--tenant",
-        "loadgen-test",
-        "--attempts",
-        "3",
-        "--run-id",
-        "e2e",
-    ];
-    let report = window(&server.url(), &args).await;
-    assert_eq!(
-        (
-            report["errors"].as_u64(),
-            report["attempts_per_activity"].as_u64()
-        ),
-        (Some(0), Some(3))
-    );
-    // Client 0 walked its first activity through attempts 1 to 3 before moving on.
-    let first = activity(&server, "be2e-0-0").await;
-    assert_eq!((first.attempts, first.events.len()), (3, 3), "{first:?}");
-    server.stop().await.expect("clean stop");
-}
-
 /// `new-activities` writes each activity once, and counts an answer replayed from the store
 /// as a failure: run again with the same ids, every write is one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_activities_are_each_written_once() {
     let server = TestServer::start().await;
     let url = server.url();
-    let args = [
-        "--target",
-        &url,
-        "--scenario",
-        "new-activities",
-        "--activities",
-        "300",
-        "--concurrency",
-        "16",
-    ];
-    let args = [&args[..], &["--tenant", "loadgen-test", "--run-id", "e2e"]].concat();
-    let first = run(&args).await.expect("written");
-    assert_eq!(
-        (first["written"].as_u64(), first["failed"].as_u64()),
-        (Some(300), Some(0)),
-        "{first}"
-    );
+    let args = "--scenario new-activities --activities 300 --concurrency 16 --tenant loadgen-test";
+    let (args, target) = (format!("{args} --run-id e2e"), ["--target", &url]);
+    let first = run(&args, &target).await.expect("written");
+    let counts = (first["written"].as_u64(), first["failed"].as_u64());
+    assert_eq!(counts, (Some(300), Some(0)), "{first}");
     for id in ["ne2e-00000000", "ne2e-00000299"] {
         assert_eq!(activity(&server, id).await.attempts, 1);
     }
-    let again = run(&args).await.expect("run");
+    let again = run(&args, &target).await.expect("run");
     assert_eq!(again["written"], 0, "{again}");
     assert_eq!(again["error_codes"]["unexpected_replay"], 300, "{again}");
     server.stop().await.expect("clean stop");
@@ -209,40 +145,23 @@ async fn new_activities_are_each_written_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_activities_are_preloaded_and_reported_on_from_run_to_run() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let data = dir.path().join("data");
-    let preload = [
-        "--scenario",
-        "preload",
-        "--activities",
-        "50",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ];
-    let preloaded = run(&[&preload[..], &["--tenant", "loadgen-test"]].concat())
-        .await
-        .expect("preloaded");
+    let (data, file) = (dir.path().join("data"), dir.path().join("attempts"));
+    let (data_arg, file_arg) = (data.to_str().unwrap(), file.to_str().unwrap());
+    let preload = "--scenario preload --activities 50 --tenant loadgen-test";
+    let preloaded = run(preload, &["--data-dir", data_arg]).await;
+    let preloaded = preloaded.expect("preloaded");
     assert_eq!(preloaded["activities"], 50, "{preloaded}");
-    let server = TestServer::start_in(data, |_| {}).await;
+    let server = TestServer::start_in(data.clone(), |_| {}).await;
     assert_eq!(activity(&server, "pre-00000049").await.attempts, 1);
-    let file = dir.path().join("attempts");
-    let args = [
-        "--scenario",
-        "stored-next-action",
-        "--activities",
-        "50",
-        "--tenant",
-        "loadgen-test",
-    ];
-    let args = [&args[..], &["--attempts-file", file.to_str().unwrap()]].concat();
+    let stored = "--scenario stored-next-action --activities 50 --tenant loadgen-test";
     let mut mean = 0.0;
     for _ in 0..2 {
-        let report = window(&server.url(), &args).await;
+        let report = window(&server.url(), stored, &["--attempts-file", file_arg]).await;
+        let stored = report["stored_activities"].as_u64();
         assert_eq!(
-            (
-                report["errors"].as_u64(),
-                report["stored_activities"].as_u64()
-            ),
-            (Some(0), Some(50))
+            (report["errors"].as_u64(), stored),
+            (Some(0), Some(50)),
+            "{report}"
         );
         assert!(report["mean_attempt"].as_f64() > Some(mean), "{report}");
         mean = report["mean_attempt"].as_f64().expect("mean_attempt");
@@ -290,19 +209,18 @@ async fn answer(
 ) {
     use prost::Message;
     let (parts, mut body) = request.into_parts();
-    let mut headers: Vec<_> = parts
+    let headers = parts
         .headers
         .iter()
-        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
-        .collect();
-    headers.sort();
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()));
     let mut seen = Seen {
         method: parts.method,
         uri: parts.uri.to_string(),
-        headers,
+        headers: headers.collect(),
         body: vec![],
         frames: vec![],
     };
+    seen.headers.sort();
     while let Some(Ok(data)) = body.data().await {
         let _ = body.flow_control().release_capacity(data.len());
         seen.frames.push(data.len());
@@ -312,16 +230,14 @@ async fn answer(
     let answer = common::pb::RetryDelayResponse {
         delay_seconds: 11,
         ..Default::default()
-    }
-    .encode_to_vec();
+    };
     let mut framed = vec![0];
-    framed.extend_from_slice(&u32::try_from(answer.len()).unwrap().to_be_bytes());
-    framed.extend_from_slice(&answer);
-    let response = http::Response::builder()
-        .header("content-type", "application/grpc")
-        .body(())
-        .unwrap();
-    let mut send = respond.send_response(response, false).expect("respond");
+    framed.extend_from_slice(&u32::try_from(answer.encoded_len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&answer.encode_to_vec());
+    let response = http::Response::builder().header("content-type", "application/grpc");
+    let mut send = respond
+        .send_response(response.body(()).unwrap(), false)
+        .expect("respond");
     let _ = send.send_data(framed.into(), false);
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
@@ -335,31 +251,14 @@ async fn the_h2_client_sends_what_the_tonic_client_sends() {
     let (url, mut seen) = recording_server().await;
     let mut requests = Vec::new();
     for client in ["tonic", "h2"] {
-        let args = [
-            "--scenario",
-            "retry-delay",
-            "--client",
-            client,
-            "--connections",
-            "1",
-            "--concurrency",
-            "1",
-        ];
-        let args = [
-            &args[..],
-            &["--target", &url, "--warmup", "0s", "--duration", "50ms"],
-        ]
-        .concat();
-        let report = run(&args).await.expect("run");
+        let args = format!("--scenario retry-delay --client {client} --connections 1");
+        let args = format!("{args} --concurrency 1 --warmup 0s --duration 50ms");
+        let report = run(&args, &["--target", &url]).await.expect("run");
         assert_eq!(report["errors"], 0, "{client}: {report}");
         requests.push(seen.recv().await.expect("a request"));
         while seen.try_recv().is_ok() {}
     }
-    assert_eq!(
-        (&requests[0].method, requests[0].frames.len()),
-        (&http::Method::POST, 2),
-        "{:?}",
-        requests[0]
-    );
+    let first = (&requests[0].method, requests[0].frames.len());
+    assert_eq!(first, (&http::Method::POST, 2), "{:?}", requests[0]);
     assert_eq!(requests[0], requests[1]);
 }

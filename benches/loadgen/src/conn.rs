@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONTENT_TYPE, TE, USER_AGENT};
 use http::uri::{Authority, Scheme, Uri};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use hyper::body::Incoming;
@@ -18,10 +19,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 use tokio::net::TcpStream;
 
-use crate::scenario::{self, Kind};
+use crate::Scenario;
+use crate::scenario::{self as s};
 
 /// The `user-agent` a tonic `Channel` sends.
-const USER_AGENT: &str = "tonic/0.14";
+const AGENT: &str = "tonic/0.14";
 
 /// A TCP connection to `http://host:port` with `TCP_NODELAY`, and its authority.
 async fn tcp(target: &str) -> Result<(TcpStream, Authority), String> {
@@ -85,10 +87,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for Conn {
         uri.scheme = Some(Scheme::HTTP);
         uri.authority = Some(self.authority.clone());
         *request.uri_mut() = Uri::from_parts(uri).unwrap_or_default();
-        let agent = HeaderValue::from_static(USER_AGENT);
         request
             .headers_mut()
-            .insert(http::header::USER_AGENT, agent);
+            .insert(USER_AGENT, HeaderValue::from_static(AGENT));
         Box::pin(self.send.send_request(request))
     }
 }
@@ -130,22 +131,22 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    pub fn of(kind: Kind) -> Result<Self, String> {
-        let (path, body, check): (_, _, Check) = match kind {
-            Kind::Health => (
+    pub fn of(scenario: Scenario) -> Result<Self, String> {
+        let (path, body, check): (_, _, Check) = match scenario {
+            Scenario::Health => (
                 "/grpc.health.v1.Health/Check",
-                framed(&scenario::health_request()),
-                |b| scenario::check_health(&decode(b)?),
+                framed(&s::health_request()),
+                |b| s::check_health(&decode(b)?),
             ),
-            Kind::RetryDelay => (
+            Scenario::RetryDelay => (
                 "/retrybudget.v1.RetryBudget/RetryDelay",
-                framed(&scenario::retry_delay_request()),
-                |b| scenario::check_retry_delay(&decode(b)?),
+                framed(&s::retry_delay_request()),
+                |b| s::check_retry_delay(&decode(b)?),
             ),
-            Kind::PureNextAction => (
+            Scenario::PureNextAction => (
                 "/retrybudget.v1.RetryBudget/NextAction",
-                framed(&scenario::pure_next_action_request()),
-                |b| scenario::check_pure_next_action(&decode(b)?),
+                framed(&s::pure_next_action_request()),
+                |b| s::check_pure_next_action(&decode(b)?),
             ),
             _ => {
                 return Err(
@@ -189,15 +190,9 @@ impl RawClient {
             .scheme(Scheme::HTTP)
             .authority(conn.authority.clone());
         let mut headers = HeaderMap::with_capacity(4);
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        headers.insert(
-            http::header::USER_AGENT,
-            HeaderValue::from_static(USER_AGENT),
-        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+        headers.insert(USER_AGENT, HeaderValue::from_static(AGENT));
         Self {
             send: conn.send.clone(),
             uri: uri

@@ -27,11 +27,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
+use retry_budget::grpc::pb::retry_budget_client::RetryBudgetClient;
 use serde_json::{Value, json};
+use tonic::metadata::MetadataValue;
+use tonic_health::pb::health_client::HealthClient;
 
 use crate::conn::{Conn, Prepared, RawClient, RawConn};
-use crate::scenario::{Kind, Transport, VirtualClient};
-use crate::stored::Stored;
+use crate::mixed::Mixed;
+use crate::scenario::{VirtualClient, Walk};
+use crate::stored::{Rng, Stored};
 
 /// As in the server: with the system allocator the generator spent about 7% of its time in
 /// it in the open loop.
@@ -197,23 +201,18 @@ async fn run(args: &Args) -> Result<Value, String> {
             "--concurrency and --connections must be at least 1",
         ));
     }
-    let kind = match args.scenario {
+    let dir = args.data_dir.as_deref();
+    match args.scenario {
         Scenario::Fsync => {
-            let dir = args
-                .data_dir
-                .as_deref()
-                .ok_or_else(|| invalid("fsync needs --data-dir"))?;
+            let dir = dir.ok_or_else(|| invalid("fsync needs --data-dir"))?;
             return probe::fsync_latency(dir).map_err(|e| format!("i/o: {e}"));
         }
         Scenario::EngineWrites => {
-            let dir = args
-                .data_dir
-                .as_deref()
-                .ok_or_else(|| invalid("engine-writes needs --data-dir"))?;
+            let dir = dir.ok_or_else(|| invalid("engine-writes needs --data-dir"))?;
             return engines::writes(dir, &args.engine, args.activities, args.batch_size);
         }
         Scenario::Preload => {
-            return match (&args.data_dir, &args.postgres_url) {
+            return match (dir, &args.postgres_url) {
                 (Some(dir), _) => preload::offline(dir, args.activities, &args.tenant).await,
                 (None, Some(url)) => preload::postgres(url, args.activities, &args.tenant).await,
                 _ => Err(invalid("preload needs --data-dir or --postgres-url")),
@@ -222,49 +221,23 @@ async fn run(args: &Args) -> Result<Value, String> {
         Scenario::NewActivities => {
             let prefix = format!("n{run_id}-");
             let conns = connect(args, Conn::connect).await?;
-            let mut report = preload::first_failures(
-                &conns,
-                args.concurrency,
-                &args.tenant,
-                &prefix,
-                args.activities,
-            )
-            .await;
+            let (concurrency, activities) = (args.concurrency, args.activities);
+            let mut report =
+                preload::first_failures(&conns, concurrency, &args.tenant, &prefix, activities)
+                    .await;
             report["first_id"] = json!(preload::activity_id(&prefix, 0));
             return Ok(with_settings(report, args));
         }
-        Scenario::Health => Kind::Health,
-        Scenario::RetryDelay => Kind::RetryDelay,
-        Scenario::PureNextAction => Kind::PureNextAction,
-        Scenario::DurableNextAction => Kind::Durable {
-            attempts: args.attempts,
-        },
-        Scenario::StoredNextAction => Kind::Stored,
-        Scenario::Mixed => Kind::Mixed {
-            attempts: args.attempts,
-            tenants: args.tenants,
-        },
+        _ => {}
+    }
+    let stored = match args.scenario {
+        Scenario::StoredNextAction => {
+            let stored = Stored::load(args.activities, args.attempts_file.as_deref());
+            Some(Arc::new(stored.map_err(|e| format!("i/o: {e}"))?))
+        }
+        _ => None,
     };
-    let stored = if kind == Kind::Stored {
-        let stored = Stored::load(args.activities, args.attempts_file.as_deref());
-        Some(Arc::new(stored.map_err(|e| format!("i/o: {e}"))?))
-    } else {
-        None
-    };
-    let seed = u64::try_from(unix_millis()).unwrap_or(0);
-    let clients = transports(args, kind)
-        .await?
-        .into_iter()
-        .enumerate()
-        .map(|(i, transport)| {
-            let client =
-                VirtualClient::new(kind, transport, &args.tenant, &format!("b{run_id}-{i}-"));
-            match &stored {
-                Some(stored) => client.with_stored(Arc::clone(stored), seed.wrapping_add(i as u64)),
-                None => client,
-            }
-        })
-        .collect();
+    let clients = clients(args, &run_id, stored.as_ref()).await?;
     let timing = drive::Timing {
         warmup: args.warmup,
         duration: args.duration,
@@ -280,10 +253,10 @@ async fn run(args: &Args) -> Result<Value, String> {
     report["mode"] = name(args.mode);
     report["warmup_s"] = json!(args.warmup.as_secs_f64());
     report["duration_s"] = json!(args.duration.as_secs_f64());
-    if matches!(kind, Kind::Durable { .. } | Kind::Mixed { .. }) {
+    if matches!(args.scenario, Scenario::DurableNextAction | Scenario::Mixed) {
         report["attempts_per_activity"] = json!(args.attempts);
     }
-    if matches!(kind, Kind::Mixed { .. }) {
+    if args.scenario == Scenario::Mixed {
         report["tenants"] = json!(args.tenants);
     }
     if let Some(stored) = &stored {
@@ -309,20 +282,41 @@ fn name(value: impl ValueEnum) -> Value {
     json!(value.to_possible_value().map(|v| v.get_name().to_owned()))
 }
 
-/// A transport for each virtual client, spread over `--connections` connections.
-async fn transports(args: &Args, kind: Kind) -> Result<Vec<Transport>, String> {
-    let n = args.concurrency;
-    if args.client == Client::Tonic {
-        let conns = connect(args, Conn::connect).await?;
-        return Ok((0..n)
-            .map(|i| Transport::tonic(conns[i % conns.len()].clone()))
-            .collect());
+/// The virtual clients, spread over `--connections` connections.
+async fn clients(
+    args: &Args,
+    run_id: &str,
+    stored: Option<&Arc<Stored>>,
+) -> Result<Vec<VirtualClient>, String> {
+    if args.client == Client::H2 {
+        let prepared = Prepared::of(args.scenario).map_err(|e| invalid(&e))?;
+        let conns = connect(args, RawConn::connect).await?;
+        let raw = |i: usize| VirtualClient::Raw(RawClient::new(&conns[i % conns.len()], &prepared));
+        return Ok((0..args.concurrency).map(raw).collect());
     }
-    let prepared = Prepared::of(kind).map_err(|e| invalid(&e))?;
-    let conns = connect(args, RawConn::connect).await?;
-    Ok((0..n)
-        .map(|i| Transport::Raw(RawClient::new(&conns[i % conns.len()], &prepared)))
-        .collect())
+    let conns = connect(args, Conn::connect).await?;
+    let tenant = MetadataValue::try_from(&args.tenant);
+    let tenant = tenant.unwrap_or_else(|_| MetadataValue::from_static("bench"));
+    let seed = u64::try_from(unix_millis()).unwrap_or(0);
+    let client = |i: usize| {
+        let (conn, prefix) = (conns[i % conns.len()].clone(), format!("b{run_id}-{i}-"));
+        let budget = RetryBudgetClient::new(conn.clone());
+        match (args.scenario, stored) {
+            (Scenario::Health, _) => VirtualClient::Health(HealthClient::new(conn)),
+            (Scenario::RetryDelay, _) => VirtualClient::RetryDelay(budget),
+            (Scenario::PureNextAction, _) => VirtualClient::PureNextAction(budget),
+            (Scenario::StoredNextAction, Some(stored)) => {
+                let rng = Rng::new(seed.wrapping_add(i as u64));
+                VirtualClient::Stored(budget, tenant.clone(), Arc::clone(stored), rng)
+            }
+            (Scenario::Mixed, _) => {
+                VirtualClient::Mixed(budget, Mixed::new(&prefix, args.attempts, args.tenants))
+            }
+            // Durable: the other scenarios ran in `run`.
+            _ => VirtualClient::Durable(budget, Walk::new(tenant.clone(), prefix, args.attempts)),
+        }
+    };
+    Ok((0..args.concurrency).map(client).collect())
 }
 
 /// Opens `--connections` connections before the run, so connecting is not measured.

@@ -44,7 +44,11 @@ pub struct Mixed {
 }
 
 impl Mixed {
-    pub fn new(prefix: &str, attempts: u32, tenants: u64, seed: u64) -> Self {
+    /// A client's activities `{prefix}{seq}`; its draws of tenants seeded by its prefix.
+    pub fn new(prefix: &str, attempts: u32, tenants: u64) -> Self {
+        let seed = prefix.bytes().fold(0u64, |h, b| {
+            h.wrapping_mul(0x100_0000_01B3).wrapping_add(u64::from(b))
+        });
         let (attempts, tenants, rng) = (attempts.max(1), tenants.max(1), Rng::new(seed));
         Self {
             prefix: prefix.to_owned(),
@@ -136,7 +140,7 @@ mod tests {
 
     #[test]
     fn new_activities_spread_over_the_tenants() {
-        let mut mixed = Mixed::new("m-", 3, 1000, 7);
+        let mut mixed = Mixed::new("m-", 3, 1000);
         let seen: std::collections::BTreeSet<String> = (0..20_000)
             .map(|_| mixed.next().tenant.to_str().unwrap().to_owned())
             .collect();
@@ -146,7 +150,7 @@ mod tests {
 
     #[test]
     fn a_deferred_activity_comes_back_once_due_and_not_before() {
-        let mut mixed = Mixed::new("m-", 3, 10, 1);
+        let mut mixed = Mixed::new("m-", 3, 10);
         let first = mixed.next();
         let id = first.id.clone();
         mixed

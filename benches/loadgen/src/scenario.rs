@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use prost_types::Timestamp;
 use retry_budget::grpc::TENANT_HEADER;
-use retry_budget::grpc::pb::{self, retry_budget_client::RetryBudgetClient};
+use retry_budget::grpc::pb::{self, Action, retry_budget_client::RetryBudgetClient};
 use tonic::Request;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -25,49 +25,38 @@ pub const GENEROUS_DEADLINE_SECONDS: u64 = 10 * 365 * 24 * 3600;
 pub static DEPENDENCY: OnceLock<String> = OnceLock::new();
 
 /// A transient failure of `attempt` under the durable policy.
-pub fn durable_report(
-    activity_id: String,
-    attempt: u32,
-    occurred_at: Timestamp,
-) -> pb::NextActionRequest {
+pub fn durable_report(id: String, attempt: u32, at: Timestamp) -> pb::NextActionRequest {
+    let (max_attempts, deadline_seconds) = (GENEROUS_MAX_ATTEMPTS, GENEROUS_DEADLINE_SECONDS);
     pb::NextActionRequest {
         attempt,
         error_class: pb::ErrorClass::Transient as i32,
         policy: Some(pb::Policy {
-            max_attempts: GENEROUS_MAX_ATTEMPTS,
-            deadline_seconds: GENEROUS_DEADLINE_SECONDS,
+            max_attempts,
+            deadline_seconds,
             base: None,
             cap: None,
         }),
         dependency: DEPENDENCY.get().cloned().unwrap_or_default(),
-        activity_id,
-        occurred_at: Some(occurred_at),
+        activity_id: id,
+        occurred_at: Some(at),
         ..Default::default()
     }
 }
 
-/// The request a scenario sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Health,
-    RetryDelay,
-    PureNextAction,
-    Durable { attempts: u32 },
-    Stored,
-    Mixed { attempts: u32, tenants: u64 },
+/// `Ok` if the answer is as expected, else the error key `unexpected`.
+fn expect(ok: bool, unexpected: &str) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(unexpected.into()) }
 }
 
 pub fn health_request() -> HealthCheckRequest {
-    HealthCheckRequest {
-        service: String::new(),
-    }
+    HealthCheckRequest::default()
 }
 
 pub fn check_health(response: &HealthCheckResponse) -> Result<(), String> {
-    let serving = response.status == ServingStatus::Serving as i32;
-    serving
-        .then_some(())
-        .ok_or_else(|| "unexpected_not_serving".into())
+    expect(
+        response.status == ServingStatus::Serving as i32,
+        "unexpected_not_serving",
+    )
 }
 
 /// The body h2load sends too.
@@ -82,9 +71,7 @@ pub fn retry_delay_request() -> pb::RetryDelayRequest {
 
 /// The article's `retry_delay("flight-1", 4)` is 11 seconds.
 pub fn check_retry_delay(response: &pb::RetryDelayResponse) -> Result<(), String> {
-    (response.delay_seconds == 11)
-        .then_some(())
-        .ok_or_else(|| "unexpected_delay".into())
+    expect(response.delay_seconds == 11, "unexpected_delay")
 }
 
 /// A transient failure with two of three attempts and 25 of 30 seconds left: a retry.
@@ -103,148 +90,109 @@ pub fn pure_next_action_request() -> pb::NextActionRequest {
 }
 
 pub fn check_pure_next_action(response: &pb::NextActionResponse) -> Result<(), String> {
-    let retry = response.action == pb::Action::ScheduleRetry as i32;
-    retry
-        .then_some(())
-        .ok_or_else(|| "unexpected_action".into())
+    expect(
+        response.action == Action::ScheduleRetry as i32,
+        "unexpected_action",
+    )
 }
 
 /// A durable report's answer is a fresh decision to retry: no report is sent twice.
 pub fn check_durable(response: &pb::NextActionResponse) -> Result<(), String> {
-    if response.replayed {
-        return Err("unexpected_replay".into());
+    expect(!response.replayed, "unexpected_replay")?;
+    if response.action == Action::ScheduleRetry as i32 {
+        return Ok(());
     }
-    if response.action != pb::Action::ScheduleRetry as i32 {
-        return Err(format!("unexpected_action_{}", response.code));
-    }
-    Ok(())
-}
-
-/// How a virtual client sends.
-pub enum Transport {
-    Tonic {
-        health: HealthClient<Conn>,
-        budget: RetryBudgetClient<Conn>,
-    },
-    Raw(RawClient),
-}
-
-impl Transport {
-    pub fn tonic(conn: Conn) -> Self {
-        Self::Tonic {
-            health: HealthClient::new(conn.clone()),
-            budget: RetryBudgetClient::new(conn),
-        }
-    }
+    Err(format!("unexpected_action_{}", response.code))
 }
 
 /// One virtual client on one of the shared connections, and its own request state.
-pub struct VirtualClient {
-    kind: Kind,
-    transport: Transport,
+pub enum VirtualClient {
+    /// `--client h2`: its scenario's one request, prepared once.
+    Raw(RawClient),
+    Health(HealthClient<Conn>),
+    RetryDelay(RetryBudgetClient<Conn>),
+    PureNextAction(RetryBudgetClient<Conn>),
+    Durable(RetryBudgetClient<Conn>, Walk),
+    /// Reports over preloaded activities, drawn by the client's own generator.
+    Stored(
+        RetryBudgetClient<Conn>,
+        MetadataValue<Ascii>,
+        Arc<Stored>,
+        Rng,
+    ),
+    Mixed(RetryBudgetClient<Conn>, Mixed),
+}
+
+/// The durable walk: activities `{prefix}{seq}`, each through attempts 1 to `attempts`, each
+/// attempt failed at the previous answer's `not_before`, as a worker that retries on time.
+pub struct Walk {
     tenant: MetadataValue<Ascii>,
-    /// The durable walk: ids `{prefix}{seq}`, the attempt to report next and when it failed
-    /// (the previous answer's `not_before`, as a worker that retries on time reports it).
     prefix: String,
     seq: u64,
     attempt: u32,
+    attempts: u32,
     occurred_at: Timestamp,
-    stored: Option<(Arc<Stored>, Rng)>,
-    mixed: Option<Mixed>,
 }
 
-impl VirtualClient {
-    pub fn new(kind: Kind, transport: Transport, tenant: &str, prefix: &str) -> Self {
-        let mixed = match kind {
-            Kind::Mixed { attempts, tenants } => {
-                let seed = prefix.bytes().fold(0u64, |h, b| {
-                    h.wrapping_mul(0x100_0000_01B3).wrapping_add(u64::from(b))
-                });
-                Some(Mixed::new(prefix, attempts, tenants, seed))
-            }
-            _ => None,
-        };
+impl Walk {
+    pub fn new(tenant: MetadataValue<Ascii>, prefix: String, attempts: u32) -> Self {
         Self {
-            kind,
-            transport,
-            tenant: MetadataValue::try_from(tenant)
-                .unwrap_or_else(|_| MetadataValue::from_static("bench")),
-            prefix: prefix.to_owned(),
+            tenant,
+            prefix,
             seq: 0,
             attempt: 1,
+            attempts,
             occurred_at: now(),
-            stored: None,
-            mixed,
         }
     }
 
-    /// Reports over `stored` activities, drawn by a generator seeded with `seed`.
-    pub fn with_stored(mut self, stored: Arc<Stored>, seed: u64) -> Self {
-        self.stored = Some((stored, Rng::new(seed)));
-        self
+    async fn call(&mut self, budget: &mut RetryBudgetClient<Conn>) -> Result<(), String> {
+        let id = format!("{}{}", self.prefix, self.seq);
+        let report = durable_report(id, self.attempt, self.occurred_at);
+        let outcome = match budget.next_action(with_tenant(report, &self.tenant)).await {
+            Ok(response) => check_durable(response.get_ref()).map(|()| response.into_inner()),
+            Err(status) => Err(code(status)),
+        };
+        match &outcome {
+            // On to the next attempt; after the last one, or whatever went wrong, a new activity.
+            Ok(answer) if self.attempt < self.attempts => {
+                self.attempt += 1;
+                self.occurred_at = answer.not_before.unwrap_or_else(now);
+            }
+            _ => (self.seq, self.attempt, self.occurred_at) = (self.seq + 1, 1, now()),
+        }
+        outcome.map(|_| ())
     }
+}
 
+impl VirtualClient {
     /// Sends one request and checks the answer; the error is a gRPC code's name or an
     /// `unexpected_*` key, counted by key.
     pub async fn call(&mut self) -> Result<(), String> {
-        let (health, budget) = match &mut self.transport {
-            Transport::Raw(raw) => return raw.call().await,
-            Transport::Tonic { health, budget } => (health, budget),
-        };
-        match self.kind {
-            Kind::Health => check_health(
+        match self {
+            Self::Raw(raw) => raw.call().await,
+            Self::Health(health) => check_health(
                 health
                     .check(health_request())
                     .await
                     .map_err(code)?
                     .get_ref(),
             ),
-            Kind::RetryDelay => check_retry_delay(
-                budget
-                    .retry_delay(retry_delay_request())
-                    .await
-                    .map_err(code)?
-                    .get_ref(),
-            ),
-            Kind::PureNextAction => {
-                let response = budget
-                    .next_action(pure_next_action_request())
-                    .await
-                    .map_err(code)?;
-                check_pure_next_action(response.get_ref())
+            Self::RetryDelay(budget) => {
+                let response = budget.retry_delay(retry_delay_request()).await;
+                check_retry_delay(response.map_err(code)?.get_ref())
             }
-            Kind::Durable { attempts } => {
-                let report = durable_report(
-                    format!("{}{}", self.prefix, self.seq),
-                    self.attempt,
-                    self.occurred_at,
-                );
-                let outcome = match budget.next_action(with_tenant(report, &self.tenant)).await {
-                    Ok(response) => {
-                        check_durable(response.get_ref()).map(|()| response.into_inner().not_before)
-                    }
-                    Err(status) => Err(code(status)),
-                };
-                match outcome {
-                    // On to the next attempt; after the last one, or whatever went wrong, a
-                    // new activity.
-                    Ok(not_before) if self.attempt < attempts => {
-                        self.attempt += 1;
-                        self.occurred_at = not_before.unwrap_or_else(now);
-                    }
-                    _ => (self.seq, self.attempt, self.occurred_at) = (self.seq + 1, 1, now()),
-                }
-                outcome.map(|_| ())
+            Self::PureNextAction(budget) => {
+                let response = budget.next_action(pure_next_action_request()).await;
+                check_pure_next_action(response.map_err(code)?.get_ref())
             }
-            Kind::Stored => {
-                let Some((stored, rng)) = &mut self.stored else {
-                    return Err("no_stored_activities".into());
-                };
+            Self::Durable(budget, walk) => walk.call(budget).await,
+            Self::Stored(budget, tenant, stored, rng) => {
                 let claim = stored
                     .claim(rng)
                     .ok_or_else(|| "no_free_activity".to_owned())?;
                 let id = crate::preload::activity_id(crate::preload::PREFIX, claim.index as u64);
-                let request = with_tenant(durable_report(id, claim.attempt, now()), &self.tenant);
+                let request = with_tenant(durable_report(id, claim.attempt, now()), tenant);
                 let outcome = match budget.next_action(request).await {
                     Ok(response) => check_durable(response.get_ref()),
                     Err(status) => Err(code(status)),
@@ -252,10 +200,7 @@ impl VirtualClient {
                 stored.release(claim, &outcome);
                 outcome
             }
-            Kind::Mixed { .. } => match &mut self.mixed {
-                Some(mixed) => mixed.call(budget).await,
-                None => Err("no_mixed_state".into()),
-            },
+            Self::Mixed(budget, mixed) => mixed.call(budget).await,
         }
     }
 }

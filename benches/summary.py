@@ -65,18 +65,10 @@ def load(path):
     return machine, runs, servers
 
 
-def throughput(rec):
-    return rec.get("throughput_rps")
-
-
 def capacity(rec):
     """Requests a second one core of the server could serve at this cost."""
     cost = rec.get("server_cpu_us_per_request")
     return 1e6 / cost if cost else None
-
-
-def p99(rec):
-    return rec.get("latency_us", {}).get("p99")
 
 
 def generator_lag(rec):
@@ -95,26 +87,42 @@ def clean(rec):
 
 def noisy_groups(runs):
     """(label, other work, of it steal) of the groups whose mean other work is over NOISY_CORES."""
-    noisy = []
-    for label, recs in sorted(runs.items()):
-        other = mean([r.get("other_busy_cores") for r in recs])
-        if (other or 0) > NOISY_CORES:
-            noisy.append((label, other, mean([r.get("steal_cores") for r in recs])))
-    return noisy
+    means = [(label, mean([r.get("other_busy_cores") for r in recs]), mean([r.get("steal_cores") for r in recs]))
+             for label, recs in sorted(runs.items())]
+    return [m for m in means if (m[1] or 0) > NOISY_CORES]
 
 
 def noisy_label(label, other, steal):
-    if steal is None:
-        return label
-    return f"{label} ({fmt(other)} of a core, {fmt(steal)} of it stolen by the host)"
+    return label if steal is None else f"{label} ({fmt(other)} of a core, {fmt(steal)} of it stolen by the host)"
+
+
+THROUGHPUT, P99 = (lambda r: r.get("throughput_rps")), (lambda r: r.get("latency_us", {}).get("p99"))
+# (figure, group A, group B, metric, op, bound): A / B against its target. Durable is judged
+# against the pure window on the same server just before it (run.sh's (4)); server capacity,
+# by the server's CPU a request, holds whichever side was saturated.
+TARGETS = [
+    ("RetryDelay / health throughput", "closed/retry-delay", "closed/health", THROUGHPUT, ">=", 0.90),
+    ("pure NextAction / health throughput", "closed/pure-next-action", "closed/health", THROUGHPUT, ">=", 0.90),
+    ("RetryDelay / health p99 at half saturation", "open/retry-delay", "open/health", P99, "<=", 1.25),
+    ("pure NextAction / health p99 at half saturation", "open/pure-next-action", "open/health", P99, "<=", 1.25),
+    ("durable / pure NextAction (same server) throughput", "durable/group-commit", "durable/pure-next-action",
+     THROUGHPUT, ">=", 0.5),
+    ("durable group commit / max-batch 1", "durable/group-commit", "durable/max-batch-1", THROUGHPUT, ">=", 20),
+    ("durable, big store / 1k store", "durable/stored-big", "durable/stored-1k", THROUGHPUT, ">=", 0.8),
+    ("h2load: RetryDelay / health throughput", "h2load/retry-delay", "h2load/health", THROUGHPUT, ">=", 0.90),
+    ("h2load: pure NextAction / health throughput", "h2load/pure-next-action", "h2load/health", THROUGHPUT, ">=", 0.90),
+    ("server capacity: RetryDelay / health", "closed/retry-delay", "closed/health", capacity, ">=", 0.90),
+    ("server capacity: pure NextAction / health", "closed/pure-next-action", "closed/health", capacity, ">=", 0.90),
+    ("server capacity: durable / pure NextAction (same server)", "durable/group-commit", "durable/pure-next-action",
+     capacity, ">=", 0.5),
+]
 
 
 def verdicts(runs, servers):
     """Each target as a dict: the ratio of the means, the per-pair ratios, the ratio over
     the clean pairs, and `met` (None when not judged)."""
     rows = []
-
-    def target(what, a, b, metric, op, bound):
+    for what, a, b, metric, op, bound in TARGETS:
         ra, rb = runs.get(a, []), runs.get(b, [])
         va, vb = [metric(r) for r in ra], [metric(r) for r in rb]
         ma, mb = mean(va), mean(vb)
@@ -130,23 +138,6 @@ def verdicts(runs, servers):
         rows.append({"what": what, "a_mean": ma, "b_mean": mb, "ratio": whole, "clean_ratio": clean_ratio,
                      "pair_ratios": pairs, "target": f"{op} {bound}", "bound": bound, "met": met,
                      "spread": spread})
-
-    target("RetryDelay / health throughput", "closed/retry-delay", "closed/health", throughput, ">=", 0.90)
-    target("pure NextAction / health throughput", "closed/pure-next-action", "closed/health", throughput, ">=", 0.90)
-    target("RetryDelay / health p99 at half saturation", "open/retry-delay", "open/health", p99, "<=", 1.25)
-    target("pure NextAction / health p99 at half saturation", "open/pure-next-action", "open/health", p99, "<=", 1.25)
-    # Durable against the pure window on the same server just before it (run.sh's (4)).
-    target("durable / pure NextAction (same server) throughput", "durable/group-commit", "durable/pure-next-action",
-           throughput, ">=", 0.5)
-    target("durable group commit / max-batch 1", "durable/group-commit", "durable/max-batch-1", throughput, ">=", 20)
-    target("durable, big store / 1k store", "durable/stored-big", "durable/stored-1k", throughput, ">=", 0.8)
-    target("h2load: RetryDelay / health throughput", "h2load/retry-delay", "h2load/health", throughput, ">=", 0.90)
-    target("h2load: pure NextAction / health throughput", "h2load/pure-next-action", "h2load/health", throughput, ">=", 0.90)
-    # By the server's CPU a request: they hold whichever side was saturated.
-    target("server capacity: RetryDelay / health", "closed/retry-delay", "closed/health", capacity, ">=", 0.90)
-    target("server capacity: pure NextAction / health", "closed/pure-next-action", "closed/health", capacity, ">=", 0.90)
-    target("server capacity: durable / pure NextAction (same server)", "durable/group-commit", "durable/pure-next-action",
-           capacity, ">=", 0.5)
     hwm = [h for h in (s.get("vm_hwm_kib") for s in servers.get("durable/stored-big", [])) if h]
     rss = max(hwm) / MIB if hwm else None
     rows.append({"what": "peak RSS, big store (MiB)", "ratio": rss, "target": "< 256", "bound": 256,
@@ -168,23 +159,21 @@ def progress(r):
 
 def run_report(path):
     machine, runs, servers = load(path)
-    print()
     if machine:
-        print(f"date {machine.get('date')}  machine: {machine.get('nproc')} cores, {machine.get('cpu')}  "
+        print(f"\ndate {machine.get('date')}  machine: {machine.get('nproc')} cores, {machine.get('cpu')}  "
               f"commit {machine.get('commit')}  quick={machine.get('quick')}  pinned={machine.get('pinned')}  "
               f"nice={machine.get('nice', 0)}")
-    print(f"results: {path}\n")
-    print("A/B is the ratio of the means over all reps; 'clean' over the pairs of reps during which")
-    print(f"other work used at most {NOISY_CORES} of a core and, in open loops, the generator's own p99")
-    print(f"lateness was at most {LATE_SENDS_US} us (the verdict uses it when there is one).")
+    print(f"results: {path}\n\nA/B is the ratio of the means over all reps; 'clean' over the pairs of reps during "
+          f"which\nother work used at most {NOISY_CORES} of a core and, in open loops, the generator's own p99\n"
+          f"lateness was at most {LATE_SENDS_US} us (the verdict uses it when there is one).")
     print(f"{'figure':<52} {'A':>10} {'B':>10} {'A/B':>6} {'clean':>6} {'per rep':>11} {'target':>8}  met")
     for r in verdicts(runs, servers):
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
         print(f"{r['what']:<52} {fmt(r.get('a_mean')):>10} {fmt(r.get('b_mean')):>10} "
               f"{fmt(r['ratio']):>6} {fmt(r.get('clean_ratio')):>6} {r['spread']:>11} {r['target']:>8}  {met}")
-    print("\nby group, mean of the reps: throughput (req/s), latency (us), CPU (cores: the server, the generator,")
-    print("other work on the machine, and of it the host's steal), server CPU a request (us), server")
-    print("run-queue wait (ms in the window), and which side was saturated:")
+    print("\nby group, mean of the reps: throughput (req/s), latency (us), CPU (cores: the server, the generator,\n"
+          "other work on the machine, and of it the host's steal), server CPU a request (us), server\n"
+          "run-queue wait (ms in the window), and which side was saturated:")
     print(f"  {'group':<26} {'runs':>4} {'req/s':>9} {'p50':>7} {'p99':>7} {'p99.9':>7} {'server':>6} "
           f"{'gen':>5} {'other':>5} {'steal':>5} {'us/req':>6} {'wait':>5} {'bound':>9} {'errors':>6}")
     for label in sorted(runs):
@@ -192,22 +181,17 @@ def run_report(path):
         if not recs:
             continue
         avg = lambda key: mean([r.get(key) for r in recs])  # noqa: E731
-        lat = lambda q: mean([r.get("latency_us", {}).get(q) for r in recs])  # noqa: E731
+        lat = lambda q: fmt(mean([r.get("latency_us", {}).get(q) for r in recs]), 0)  # noqa: E731
         server, client = avg("server_cpu_cores"), avg("client_cpu_cores")
         # An open loop spins between sends: only closed loops say who was saturated.
         bound = "-"
         if not any(r.get("mode") == "open" for r in recs):
-            if server is not None and server >= 0.95:
-                bound = "server"
-            elif client is not None and client >= 0.95:
-                bound = "generator"
-        print(f"  {label:<26} {len(recs):>4} {fmt(avg('throughput_rps')):>9} "
-              f"{fmt(lat('p50'), 0):>7} {fmt(lat('p99'), 0):>7} {fmt(lat('p999'), 0):>7} "
-              f"{fmt(server):>6} {fmt(client):>5} {fmt(avg('other_busy_cores')):>5} {fmt(avg('steal_cores')):>5} "
-              f"{fmt(avg('server_cpu_us_per_request'), 1):>6} {fmt(avg('server_runqueue_wait_ms'), 0):>5} "
-              f"{bound:>9} {sum(r.get('errors') or 0 for r in recs):>6}")
-    noisy = noisy_groups(runs)
-    if noisy:
+            bound = "server" if (server or 0) >= 0.95 else "generator" if (client or 0) >= 0.95 else "-"
+        print(f"  {label:<26} {len(recs):>4} {fmt(avg('throughput_rps')):>9} {lat('p50'):>7} {lat('p99'):>7} "
+              f"{lat('p999'):>7} {fmt(server):>6} {fmt(client):>5} {fmt(avg('other_busy_cores')):>5} "
+              f"{fmt(avg('steal_cores')):>5} {fmt(avg('server_cpu_us_per_request'), 1):>6} "
+              f"{fmt(avg('server_runqueue_wait_ms'), 0):>5} {bound:>9} {sum(r.get('errors') or 0 for r in recs):>6}")
+    if noisy := noisy_groups(runs):
         print(f"\nWARNING: other work used more than {NOISY_CORES} of a core during: "
               f"{', '.join(noisy_label(*n) for n in noisy)}; their figures (and ratios using them) are not clean.")
     late = [f"{label} rep {i + 1} (generator lag p99 {fmt(generator_lag(r), 0)} us)"
@@ -217,17 +201,14 @@ def run_report(path):
         print(f"\nNot judged, the generator fell behind its schedule: {'; '.join(late)}.")
     print("\ndecisions per fsync (saves / commits, whole server lifetime incl. warm-up):")
     for label, recs in sorted(servers.items()):
-        commits = sum(r.get("commits") or 0 for r in recs)
-        if commits:
+        if commits := sum(r.get("commits") or 0 for r in recs):
             print(f"  {label:<28} {sum(r.get('saves') or 0 for r in recs) / commits:8.1f}")
-    probes = runs.get("fsync", [])
     for key, text in (("latency_us", "fsync of 4 KiB on the data dir's disk, median"),
                       ("overwrite_latency_us", "same, written over blocks the file has (fdatasync), median")):
-        values = [fmt(r[key]["p50"] / 1000) for r in probes if key in r]
-        if values:
+        if values := [fmt(r[key]["p50"] / 1000) for r in runs.get("fsync", []) if key in r]:
             print(f"{text}: {', '.join(values)} ms")
-    stored = {r.get("label"): r.get("activities") for rs in runs.values() for r in rs if r.get("scenario") == "preload"}
-    if stored:
+    if stored := {r.get("label"): r.get("activities") for rs in runs.values() for r in rs
+                  if r.get("scenario") == "preload"}:
         print("preloaded: " + ", ".join(f"{k} = {v:,}" for k, v in sorted(stored.items())))
 
 
@@ -327,37 +308,33 @@ def cpu_split(args):
     sleeps --window and reads again; prints cores (1.0 = one core throughout) by name,
     "busy" and "other" (busy less the names)."""
     def ticks(pid):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                rest = f.read().rsplit(")", 1)[1].split()  # the command may hold spaces
+        try:  # the command, in brackets, may hold spaces
+            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             return int(rest[11]) + int(rest[12])
         except (OSError, IndexError, ValueError):
             return None
 
-    def pids_of(comm):
-        found = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if Path(f"/proc/{entry}/comm").read_text().strip() == comm:
-                    found.append(int(entry))
-            except OSError:
-                pass
-        return found
+    def comm(pid):
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return None
 
     def busy():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         return sum(fields[:8]) - fields[3] - fields[4] - fields[7]  # less idle, iowait, steal
+
+    def snapshot():
+        return time.monotonic(), busy(), {name: {pid: ticks(pid) for pid in pids} for name, pids in groups.items()}
 
     time.sleep(args.after)
     groups = {name: [int(pid)] for name, _, pid in (s.partition("=") for s in args.pid)}
-    groups.update({name: pids_of(comm) for name, _, comm in (s.partition("=") for s in args.comm)})
-    snapshot = lambda: {name: {pid: ticks(pid) for pid in pids} for name, pids in groups.items()}  # noqa: E731
-    hz = os.sysconf("SC_CLK_TCK")
-    t0, b0, s0 = time.monotonic(), busy(), snapshot()
+    pids = [int(p) for p in filter(str.isdigit, os.listdir("/proc"))]
+    groups.update({name: [p for p in pids if comm(p) == c] for name, _, c in (s.partition("=") for s in args.comm)})
+    t0, b0, s0 = snapshot()
     time.sleep(args.window)
-    t1, b1, s1 = time.monotonic(), busy(), snapshot()
-    seconds = t1 - t0
+    t1, b1, s1 = snapshot()
+    seconds, hz = t1 - t0, os.sysconf("SC_CLK_TCK")
     out = {name: sum(s1[name][p] - t for p, t in before.items() if t is not None and s1[name].get(p) is not None)
            / hz / seconds for name, before in s0.items()}
     out["busy"] = (b1 - b0) / hz / seconds

@@ -37,32 +37,39 @@ pub fn record(histogram: &mut Histogram<u64>, d: Duration) {
     let _ = histogram.record(u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1));
 }
 
+/// A histogram's summary in the reports.
+pub fn quantiles(h: &Histogram<u64>) -> Value {
+    let q = |q| h.value_at_quantile(q);
+    json!({"min": h.min(), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": h.max(), "mean": h.mean()})
+}
+
 /// What a run counted.
-struct Tally {
+pub struct Tally {
     /// Successful requests: from the send (closed loop) or the due time (open loop).
-    latency_us: Histogram<u64>,
+    pub latency_us: Histogram<u64>,
     /// Open loop: the generator's own lateness to each due time ([`OwnLag`]).
     pacer_lag_us: Histogram<u64>,
     /// Open loop: successful requests from when they were sent rather than due.
     from_send_us: Histogram<u64>,
-    ok: u64,
+    pub ok: u64,
     /// Failed requests by gRPC code or `unexpected_*` key.
-    errors: BTreeMap<String, u64>,
+    pub errors: BTreeMap<String, u64>,
 }
 
 impl Tally {
-    fn new() -> Self {
-        let errors = BTreeMap::new();
+    pub fn new() -> Self {
+        let (latency_us, pacer_lag_us, from_send_us) = (histogram(), histogram(), histogram());
+        let (ok, errors) = (0, BTreeMap::new());
         Self {
-            latency_us: histogram(),
-            pacer_lag_us: histogram(),
-            from_send_us: histogram(),
-            ok: 0,
+            latency_us,
+            pacer_lag_us,
+            from_send_us,
+            ok,
             errors,
         }
     }
 
-    fn record(&mut self, latency: Duration, outcome: Result<(), String>) {
+    pub fn record(&mut self, latency: Duration, outcome: Result<(), String>) {
         match outcome {
             Ok(()) => {
                 self.ok += 1;
@@ -74,18 +81,12 @@ impl Tally {
 
     /// The counts, rates, percentiles and CPU of a window of `seconds` as a JSON object.
     fn report(&self, seconds: f64, cpu: Option<CpuUse>) -> Value {
-        let h = &self.latency_us;
-        let quantiles = |h: &Histogram<u64>| json!({"p50": h.value_at_quantile(0.5), "p99": h.value_at_quantile(0.99), "max": h.max()});
         let mut report = json!({
             "requests": self.ok,
             "errors": self.errors.values().sum::<u64>(),
             "error_codes": self.errors,
             "throughput_rps": self.ok as f64 / seconds,
-            "latency_us": {
-                "min": h.min(), "p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9),
-                "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999), "max": h.max(),
-                "mean": h.mean(),
-            },
+            "latency_us": quantiles(&self.latency_us),
         });
         if !self.pacer_lag_us.is_empty() {
             report["pacer_lag_us"] = quantiles(&self.pacer_lag_us);

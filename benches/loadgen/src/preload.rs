@@ -9,7 +9,6 @@
 //!
 //! Preloaded ids are `pre-00000000` on, tenant `--tenant`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,7 +29,7 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 
 use crate::conn::Conn;
-use crate::drive::{histogram, record};
+use crate::drive::{Tally, quantiles};
 use crate::scenario::{
     GENEROUS_DEADLINE_SECONDS, GENEROUS_MAX_ATTEMPTS, check_durable, code, durable_report, now,
     with_tenant,
@@ -228,15 +227,6 @@ pub async fn postgres(url: &str, activities: u64, tenant: &str) -> Result<Value,
     Ok(report)
 }
 
-/// What the gRPC writes counted.
-struct Counts {
-    latency_us: hdrhistogram::Histogram<u64>,
-    /// Written: the answer a scheduled retry, not a replay.
-    written: u64,
-    errors: BTreeMap<String, u64>,
-    pushed_back: u64,
-}
-
 /// The wait a refusal asks for (`grpc-retry-pushback-ms`), if any.
 fn pushback(status: &tonic::Status) -> Option<Duration> {
     let ms = status.metadata().get("grpc-retry-pushback-ms")?;
@@ -244,9 +234,9 @@ fn pushback(status: &tonic::Status) -> Option<Duration> {
 }
 
 /// Reports a first failure for each of `activities` activities `{prefix}00000000` on,
-/// `concurrency` at a time over `conns`. A refusal with a pushback (`store_backlogged` while
-/// the store's writer catches up) is sent again after its wait, as a worker would: it stored
-/// nothing.
+/// `concurrency` at a time over `conns`; written: the answer a scheduled retry, not a replay.
+/// A refusal with a pushback (`store_backlogged` while the store's writer catches up) is sent
+/// again after its wait, as a worker would: it stored nothing.
 pub async fn first_failures(
     conns: &[Conn],
     concurrency: usize,
@@ -255,69 +245,48 @@ pub async fn first_failures(
     activities: u64,
 ) -> Value {
     let started = Instant::now();
-    let next = Arc::new(AtomicU64::new(0));
-    let counts = Counts {
-        latency_us: histogram(),
-        written: 0,
-        errors: BTreeMap::new(),
-        pushed_back: 0,
-    };
-    let counts = Arc::new(Mutex::new(counts));
-    let tenant =
-        MetadataValue::try_from(tenant).unwrap_or_else(|_| MetadataValue::from_static("bench"));
-    let mut tasks = JoinSet::new();
-    for task in 0..concurrency {
-        let mut client = RetryBudgetClient::new(conns[task % conns.len()].clone());
-        let (next, counts, tenant, prefix) = (
-            Arc::clone(&next),
-            Arc::clone(&counts),
-            tenant.clone(),
-            prefix.to_owned(),
-        );
-        tasks.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= activities {
-                    return;
+    let (tally, pushed_back) = (
+        Arc::new(Mutex::new(Tally::new())),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let tenant = MetadataValue::try_from(tenant);
+    let tenant = tenant.unwrap_or_else(|_| MetadataValue::from_static("bench"));
+    let (conns, prefix) = (conns.to_vec(), prefix.to_owned());
+    let (in_task, pushed) = (Arc::clone(&tally), Arc::clone(&pushed_back));
+    let _ = spread(concurrency, activities, 1, move |worker, i, _| {
+        let mut client = RetryBudgetClient::new(conns[worker % conns.len()].clone());
+        let (tally, pushed, tenant) = (Arc::clone(&in_task), Arc::clone(&pushed), tenant.clone());
+        let id = activity_id(&prefix, i);
+        async move {
+            let mut pushbacks = 0;
+            let (outcome, sent) = loop {
+                let request = with_tenant(durable_report(id.clone(), 1, now()), &tenant);
+                let sent = Instant::now();
+                match client.next_action(request).await {
+                    Ok(response) => break (check_durable(response.get_ref()), sent),
+                    Err(status) => match pushback(&status) {
+                        Some(wait) if pushbacks < MAX_PUSHBACKS => {
+                            pushbacks += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        _ => break (Err(code(status)), sent),
+                    },
                 }
-                let mut pushbacks = 0;
-                let (outcome, sent) = loop {
-                    let request =
-                        with_tenant(durable_report(activity_id(&prefix, i), 1, now()), &tenant);
-                    let sent = Instant::now();
-                    match client.next_action(request).await {
-                        Ok(response) => break (check_durable(response.get_ref()), sent),
-                        Err(status) => match pushback(&status) {
-                            Some(wait) if pushbacks < MAX_PUSHBACKS => {
-                                pushbacks += 1;
-                                tokio::time::sleep(wait).await;
-                            }
-                            _ => break (Err(code(status)), sent),
-                        },
-                    }
-                };
-                let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
-                counts.pushed_back += u64::from(pushbacks);
-                match outcome {
-                    // From the send that was answered: a pushback's wait is not latency.
-                    Ok(()) => {
-                        counts.written += 1;
-                        record(&mut counts.latency_us, sent.elapsed());
-                    }
-                    Err(key) => *counts.errors.entry(key).or_default() += 1,
-                }
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
+            };
+            pushed.fetch_add(u64::from(pushbacks), Ordering::Relaxed);
+            // From the send that was answered: a pushback's wait is not latency.
+            let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
+            tally.record(sent.elapsed(), outcome);
+            Ok(())
+        }
+    })
+    .await;
     let seconds = started.elapsed().as_secs_f64();
-    let counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
-    let h = &counts.latency_us;
+    let tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
     json!({
-        "activities": activities, "written": counts.written, "failed": counts.errors.values().sum::<u64>(),
-        "error_codes": counts.errors, "pushed_back": counts.pushed_back, "seconds": seconds,
-        "activities_per_s": counts.written as f64 / seconds,
-        "latency_us": {"p50": h.value_at_quantile(0.5), "p99": h.value_at_quantile(0.99),
-                       "p999": h.value_at_quantile(0.999), "max": h.max()},
+        "activities": activities, "written": tally.ok, "failed": tally.errors.values().sum::<u64>(),
+        "error_codes": tally.errors, "pushed_back": pushed_back.load(Ordering::Relaxed),
+        "seconds": seconds, "activities_per_s": tally.ok as f64 / seconds,
+        "latency_us": quantiles(&tally.latency_us),
     })
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::drive::{histogram, record};
+use crate::drive::{histogram, quantiles, record};
 
 /// Appends 4 KiB and fsyncs it 200 times in a scratch file in `dir` (removed after), then
 /// writes over each of those blocks with an `fdatasync` after each (`overwrite_latency_us`: no
@@ -41,13 +41,9 @@ pub fn fsync_latency(dir: &Path) -> std::io::Result<Value> {
     let removed = std::fs::remove_file(&path);
     measured?;
     removed?;
-    let summary = |h: &hdrhistogram::Histogram<u64>| {
-        let q = |q| h.value_at_quantile(q);
-        json!({"min": h.min(), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": h.max(), "mean": h.mean()})
-    };
     Ok(json!({
         "scenario": "fsync", "dir": dir.display().to_string(), "fsyncs": COUNT, "bytes": BLOCK,
-        "latency_us": summary(&append_us), "overwrite_latency_us": summary(&overwrite_us),
+        "latency_us": quantiles(&append_us), "overwrite_latency_us": quantiles(&overwrite_us),
     }))
 }
 

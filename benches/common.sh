@@ -1,5 +1,9 @@
 # Shared by the bench scripts; sourced, not run.
 #
+#   bench_args --FLAG=VAR... [--FLAG=VAR=VALUE...] [REST] -- "$@"
+#     Each `--FLAG X` of the script's arguments sets VAR to X, each `--FLAG` of the second
+#     form sets VAR to VALUE; with REST the other arguments go into the array REST. -h prints
+#     the script's header comment.
 #   bench_setup NAME [file]
 #     ROOT; WORK, a temporary directory (in BENCH_DIR, else TMPDIR) removed at exit with the
 #     server in PID and the process in SAMPLER; OUT, if the script left it empty,
@@ -16,6 +20,27 @@
 #   bench_stop: stops it. bench_json K=V...: one JSON line (values are JSON literals, else
 #   strings). bench_machine K=V...: the machine's record (CPU, kernel, commit, load) and K=V.
 #   bench_cleanup_hook, if the script defines it, runs first at exit.
+#   bench_rss EVERY [COMMAND...]: while the server runs, every EVERY seconds its VmRSS and
+#     VmHWM (MiB, `status_mib`) into OUT/rss.tsv, then COMMAND with the seconds since the
+#     start; in SAMPLER.
+
+bench_args() {
+  local -A var=()
+  while [ "$1" != -- ]; do var[${1%%=*}]=${1#*=}; shift; done
+  shift
+  REST=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      -*) [ -n "${var[$1]:-}" ] || { echo "$(basename "$0"): unknown argument $1" >&2; exit 2; }
+        if [[ ${var[$1]} == *=* ]]; then printf -v "${var[$1]%%=*}" %s "${var[$1]#*=}"
+        else printf -v "${var[$1]}" %s "$2"; shift; fi ;;
+      *) [ -n "${var[REST]:-}" ] || { echo "$(basename "$0"): unknown argument $1" >&2; exit 2; }
+        REST+=("$1") ;;
+    esac
+    shift
+  done
+}
 
 bench_setup() {
   ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -78,6 +103,23 @@ bench_serve() {
 bench_stop() {
   if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -TERM "$PID"; wait "$PID" || true; fi
   PID=""
+}
+
+status_mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$PID/status"; }
+
+bench_rss() {
+  local every=$1 start=$SECONDS t
+  shift
+  printf 'seconds\tvm_rss_mib\tvm_hwm_mib\n' >"$OUT/rss.tsv"
+  (
+    while kill -0 "$PID" 2>/dev/null; do
+      t=$((SECONDS - start))
+      printf '%s\t%s\t%s\n' "$t" "$(status_mib VmRSS)" "$(status_mib VmHWM)" >>"$OUT/rss.tsv"
+      [ $# = 0 ] || "$@" "$t" || true
+      sleep "$every"
+    done
+  ) &
+  SAMPLER=$!
 }
 
 bench_json() {

@@ -24,21 +24,11 @@
 # Environment: PGHOST, PGPORT, PGUSER, CARGO_TARGET_DIR, BENCH_DIR, BENCH_WARMUP, BENCH_DURATION.
 set -euo pipefail
 
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
 QUICK=0 OUT="" ROUNDS=2 BIG=10000000 SMALL=10000 EMBEDDED_BIG=1000000 ONLY=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=1 ;;
-    --out) OUT=$2; shift ;;
-    --rounds) ROUNDS=$2; shift ;;
-    --big) BIG=$2; shift ;;
-    --small) SMALL=$2; shift ;;
-    --embedded-big) EMBEDDED_BIG=$2; shift ;;
-    --only) ONLY=$2; shift ;;
-    -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "pg.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+bench_args --quick=QUICK=1 --out=OUT --rounds=ROUNDS --big=BIG --small=SMALL --embedded-big=EMBEDDED_BIG \
+  --only=ONLY -- "$@"
 if [ "$QUICK" = 1 ]; then
   WARMUP=${BENCH_WARMUP:-1} DURATION=${BENCH_DURATION:-3}
 else
@@ -51,8 +41,6 @@ for tool in psql pgbench python3; do
 done
 pg_isready -q || { echo "pg.sh: no PostgreSQL answers on $PGHOST:$PGPORT" >&2; exit 1; }
 
-# shellcheck source=benches/common.sh
-. "$(dirname "$0")/common.sh"
 DBS=(rb_bench_svc_$$ rb_bench_pgbench_$$ rb_bench_small_$$ rb_bench_big_$$)
 bench_cleanup_hook() {
   for db in "${DBS[@]}"; do psql -q -d postgres -c "DROP DATABASE IF EXISTS $db" 2>/dev/null || true; done

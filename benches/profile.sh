@@ -33,21 +33,14 @@
 # is of deferrals.
 set -euo pipefail
 
-SECONDS_WINDOW=8 WARMUP=4 OUT="" SCENARIOS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --seconds) SECONDS_WINDOW=$2; shift ;;
-    --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) SCENARIOS+=("$1") ;;
-  esac
-  shift
-done
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
+SECONDS_WINDOW=8 WARMUP=4 OUT=""
+bench_args --seconds=SECONDS_WINDOW --out=OUT REST -- "$@"
+SCENARIOS=("${REST[@]}")
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(health retry-delay pure-next-action durable-next-action)
 command -v valgrind >/dev/null || { echo "profile.sh: valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 
-# shellcheck source=benches/common.sh
-. "$(dirname "$0")/common.sh"
 bench_setup profile
 PORT=${PROFILE_PORT:-21270} CONC=${CONC:-32}
 read -ra LOADGEN_EXTRA <<<"${LOADGEN_FLAGS:-}"

@@ -15,35 +15,17 @@
 # if a write failed or the peak is over the target. SERVER_BIN pairs another build.
 set -euo pipefail
 
-ACTIVITIES=2000000 IDLE=30 OUT="" TARGET_MIB=256
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --activities) ACTIVITIES=$2; shift ;;
-    --idle) IDLE=$2; shift ;;
-    --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "rss.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-CONC=${CONC:-128} CONN=${CONN:-4} PORT=${RSS_PORT:-21460}
-
 # shellcheck source=benches/common.sh
 . "$(dirname "$0")/common.sh"
+ACTIVITIES=2000000 IDLE=30 OUT="" TARGET_MIB=256
+bench_args --activities=ACTIVITIES --idle=IDLE --out=OUT -- "$@"
+CONC=${CONC:-128} CONN=${CONN:-4} PORT=${RSS_PORT:-21460}
 bench_setup rss
-status_mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$PID/status"; }
 
 bench_serve "$OUT/server.log" "$PORT" --data-dir "$WORK/data" "${ROOMY[@]}"
 echo "server $PID on 127.0.0.1:$PORT, data in $WORK/data; at start: RSS $(status_mib VmRSS) MiB" >&2
 START=$SECONDS
-printf 'seconds\tvm_rss_mib\tvm_hwm_mib\n' >"$OUT/rss.tsv"
-(
-  while kill -0 "$PID" 2>/dev/null; do
-    printf '%s\t%s\t%s\n' "$((SECONDS - START))" "$(status_mib VmRSS)" "$(status_mib VmHWM)" >>"$OUT/rss.tsv"
-    sleep 1
-  done
-) &
-SAMPLER=$!
+bench_rss 1
 
 echo "writing $ACTIVITIES new activities ($CONC streams over $CONN connections)" >&2
 "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario new-activities --activities "$ACTIVITIES" \

@@ -21,21 +21,12 @@
 # BENCH_REPS, BENCH_OPEN_REPS.
 set -euo pipefail
 
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
 QUICK=0 OUT="" STORED_BIG="" BENCH_NICE=0
 # Below the kernel's ephemeral ports (32768-60999), which a client of an earlier step may hold.
 PORT=${BENCH_PORT:-21170}
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=1 ;;
-    --out) OUT=$2; shift ;;
-    --port) PORT=$2; shift ;;
-    --stored) STORED_BIG=$2; shift ;;
-    --nice) BENCH_NICE=$2; shift ;;
-    -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+bench_args --quick=QUICK=1 --out=OUT --port=PORT --stored=STORED_BIG --nice=BENCH_NICE -- "$@"
 if [ "$QUICK" = 1 ]; then
   WARMUP=${BENCH_WARMUP:-1} DURATION=${BENCH_DURATION:-3} STORED_BIG=${STORED_BIG:-100000}
 else
@@ -49,8 +40,6 @@ OPEN_REPS=${BENCH_OPEN_REPS:-$((REPS + 1))}
 CONNECTIONS=4 CONCURRENCY=128
 
 command -v python3 >/dev/null || { echo "run.sh: python3 is needed" >&2; exit 1; }
-# shellcheck source=benches/common.sh
-. "$(dirname "$0")/common.sh"
 bench_setup results file
 log() { printf '%s\n' "$*" >&2; }
 [ "$QUICK" = 1 ] && quick=true || quick=false

@@ -17,23 +17,13 @@
 # `benches/summary.py soak DIR` (exits 1 if the verdict fails).
 set -euo pipefail
 
+# shellcheck source=benches/common.sh
+. "$(dirname "$0")/common.sh"
 MINUTES=10 TENANTS=1000 ATTEMPTS=3 OUT=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --minutes) MINUTES=$2; shift ;;
-    --tenants) TENANTS=$2; shift ;;
-    --attempts) ATTEMPTS=$2; shift ;;
-    --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "soak.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+bench_args --minutes=MINUTES --tenants=TENANTS --attempts=ATTEMPTS --out=OUT -- "$@"
 CONC=${CONC:-128} CONN=${CONN:-4} SAT_WARMUP=${SAT_WARMUP:-30} SAT_SECONDS=${SAT_SECONDS:-60}
 RATE_SHARE=${RATE_SHARE:-0.6} PORT=${SOAK_PORT:-21480} METRICS_PORT=${SOAK_METRICS_PORT:-21481}
 
-# shellcheck source=benches/common.sh
-. "$(dirname "$0")/common.sh"
 bench_setup soak
 loadgen() {
   "${PIN1[@]}" "$LOADGEN" --target "http://127.0.0.1:$PORT" --scenario mixed --tenants "$TENANTS" \
@@ -56,18 +46,8 @@ echo "saturation $SAT requests/s: soak at $RATE/s, retry rate $RETRY_RATE/s, $MI
 bench_serve "$OUT/soak-server.log" "$PORT" --data-dir "$WORK/soak" --retry-rate "$RETRY_RATE" \
   --retry-burst "$RETRY_RATE" "${ROOMY_DEPS[@]}" --success-deposit 0.1 --metrics-listen "127.0.0.1:$METRICS_PORT"
 mkdir -p "$OUT/metrics"
-START=$SECONDS
-printf 'seconds\tvm_rss_mib\tvm_hwm_mib\n' >"$OUT/rss.tsv"
-(
-  while kill -0 "$PID" 2>/dev/null; do
-    t=$((SECONDS - START))
-    awk -v t="$t" '$1 == "VmRSS:" { r = $2 } $1 == "VmHWM:" { h = $2 }
-      END { printf "%d\t%.1f\t%.1f\n", t, r / 1024, h / 1024 }' "/proc/$PID/status" >>"$OUT/rss.tsv" || true
-    curl -s "http://127.0.0.1:$METRICS_PORT/metrics" >"$OUT/metrics/$(printf '%05d' "$t").txt" || true
-    sleep 10
-  done
-) &
-SAMPLER=$!
+scrape() { curl -s "http://127.0.0.1:$METRICS_PORT/metrics" >"$OUT/metrics/$(printf '%05d' "$1").txt"; }
+bench_rss 10 scrape
 : >"$OUT/minutes.jsonl"
 for m in $(seq 1 "$MINUTES"); do
   loadgen --mode open --rate "$RATE" --warmup 0s --duration 60s --run-id "soak$m" --label "soak/minute-$m" \

@@ -20,10 +20,11 @@
 //! - **Trouble** cuts the allowance by half, never below the floor:
 //!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
-//!     average over about [`BASELINE_SECONDS`]), than twice the starting
-//!     allowance and than twice [`SURGE_SHARE`] of the successes it reports
-//!     a second; it is seen at once, before any retry's fate, and cut
-//!     within the second that makes it (once a second);
+//!     average over about [`BASELINE_SECONDS`]) and than twice
+//!     [`SURGE_SHARE`] of the successes it reports a second, or, for a
+//!     tenant that reports none, than twice the starting allowance; it is
+//!     seen at once, before any retry's fate, and cut within the second
+//!     that makes it (once a second);
 //!   - or *failing retries*: at least [`MIN_FATES`] granted retries failed
 //!     in the window, at least half of those granted, and some within the
 //!     last [`RECENT_SECONDS`].
@@ -32,14 +33,15 @@
 //!   global rate, or the dependency's ceiling) while the allowance bound,
 //!   else up to the starting allowance; never within [`HOLD_SECONDS`] of a
 //!   cut, nor of a second with at least [`ELEVATED_MIN`] fresh failures and
-//!   more than [`ELEVATED_FACTOR`] times the recent rate (and than the share
-//!   of its reported successes a surge allows).
+//!   more than [`ELEVATED_FACTOR`] times the recent rate (and than
+//!   [`ORDINARY_SHARE`] of its reported successes).
 //! - **Unused** (nothing deferred, and under [`IN_USE_SHARE`] of it granted
 //!   in the second), it decays towards its resting allowance, so that months
 //!   of health do not leave a whole second of the global rate ready for the
 //!   first second of an outage.
 //!
-//! A tenant's *resting* allowance, once it has evidence, is the starting
+//! A tenant's *resting* allowance, once it has evidence (requests the
+//! service saw, or successes it reports), is the starting
 //! allowance less what its own lane already pays (the retries a second its reported successes earn
 //! it), never below the floor: the starting allowance is there for the
 //! retries nothing else pays for, and a tenant whose lane pays for them
@@ -80,8 +82,13 @@ pub const ELEVATED_FACTOR: f64 = 1.5;
 /// A second's failures above this many times the recent rate are a surge.
 pub const SURGE_FACTOR: f64 = 2.0;
 /// Failures up to this share of the successes a tenant reports a second
-/// are its traffic's ordinary failures, not a surge.
-pub const SURGE_SHARE: f64 = 0.05;
+/// are its traffic's ordinary failures: they do not hold growth back.
+pub const ORDINARY_SHARE: f64 = 0.05;
+/// Failures up to this share of the successes a tenant reports a second
+/// are what its traffic explains: twice it is a surge. Above a flaky
+/// dependency's tenth of its calls, whose noise from second to second must
+/// not read as an overload.
+pub const SURGE_SHARE: f64 = 0.1;
 /// The recent failure rate is an average over about this many seconds.
 pub const BASELINE_SECONDS: f64 = 30.0;
 /// Fewest failed retries in the window that can say a dependency fails.
@@ -196,12 +203,19 @@ impl TenantHealth {
     }
 
     /// The successes a second the tenant reports of the dependency.
+    /// Reported successes are evidence: from them on the tenant rests at
+    /// what its own lane leaves of the starting allowance, so that lane and
+    /// allowance together bring the starting allowance, not more, to the
+    /// first second of an overload.
     pub fn set_successes(&mut self, successes: f64) {
         self.successes = if successes.is_finite() {
             successes.max(0.0)
         } else {
             0.0
         };
+        if self.successes > 0.0 {
+            self.seen_any = true;
+        }
     }
 
     /// The retries a second the tenant's own lane pays for.
@@ -211,8 +225,8 @@ impl TenantHealth {
 
     /// Where the allowance rests with no trouble and nothing deferred: the
     /// starting allowance less what the tenant's own lane pays, never below
-    /// the floor; with no evidence yet, the starting allowance (a first
-    /// burst of failures is retried whatever the lane).
+    /// the floor; with no evidence yet (so no lane either), the starting
+    /// allowance.
     pub fn rest(&self, limits: &Limits) -> f64 {
         if self.seen_any {
             (limits.initial - self.lane).max(limits.floor)
@@ -257,14 +271,22 @@ impl TenantHealth {
     }
 
     /// The fresh failures a second expected of the tenant: its recent rate,
-    /// and never less than the starting allowance, nor than a
-    /// share of the successes it reports (a dependency first seen failing
-    /// a few dozen times a second, or a busy one failing a small part of
-    /// its calls, is not in a surge; its retries' fates decide).
+    /// and never less than a share of the successes it reports (a busy
+    /// dependency failing a small part of its calls is not in a surge).
+    /// A tenant that reports no successes has no traffic to measure a
+    /// surge against: its expected rate is at least the starting allowance
+    /// (a dependency first seen failing a few dozen times a second is not
+    /// in a surge; its retries' fates decide). One that reports them is
+    /// measured against them: failures well above the share its traffic
+    /// explains are an overload's first second, cut before its retries
+    /// add to it.
     fn expected(&self, limits: &Limits) -> f64 {
-        self.baseline
-            .max(limits.initial)
-            .max(SURGE_SHARE * self.successes)
+        let explained = self.baseline.max(SURGE_SHARE * self.successes);
+        if self.successes > 0.0 {
+            explained
+        } else {
+            explained.max(limits.initial)
+        }
     }
 
     /// Whether the tenant's allowance was cut within [`HOLD_SECONDS`] of
@@ -322,7 +344,7 @@ impl TenantHealth {
         // no capacity to spare for more retries yet.
         if just.failures >= ELEVATED_MIN
             && f64::from(just.failures)
-                > (ELEVATED_FACTOR * self.baseline).max(SURGE_SHARE * self.successes)
+                > (ELEVATED_FACTOR * self.baseline).max(ORDINARY_SHARE * self.successes)
         {
             self.elevated_at = Some(second);
         }

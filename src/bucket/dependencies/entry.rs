@@ -320,12 +320,26 @@ impl DependencyEntry {
             // Never more than the global rate: the rate a tenant is told it
             // earned is one the buckets can pay.
             let rate = config.earned(t.success_rate(now)).min(limits.cap);
-            if rate != t.earned.rate() {
-                t.earned.set_rate(rate, config.burst_seconds, n);
-            }
             t.health.set_lane(rate);
             t.health.advance(second, &limits);
             let e = t.health.evidence(second, &limits);
+            // A tenant whose own failures surged pays no retry from its
+            // lane while that trouble lasts: the lane is earned by the
+            // successes of the last seconds, which came before the surge,
+            // and the retries it would pay now feed an overload's first
+            // seconds. Its own evidence, not the dependency's: no other
+            // tenant's failures stop it. (Trouble from failing retries
+            // comes seconds later, when the lane has fallen with the
+            // successes anyway, and a partial outage keeps what its
+            // successes still earn.)
+            let paid = if e.state == HealthState::Trouble && e.surged {
+                0.0
+            } else {
+                rate
+            };
+            if paid != t.earned.rate() {
+                t.earned.set_rate(paid, config.burst_seconds, n);
+            }
             totals.granted = totals.granted.saturating_add(e.granted);
             totals.retries_failed = totals.retries_failed.saturating_add(e.retries_failed);
             failures += e.failures;

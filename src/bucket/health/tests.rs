@@ -48,6 +48,42 @@ fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
 }
 
 #[test]
+fn a_tenant_that_reports_its_successes_is_cut_by_a_surge_its_traffic_does_not_explain() {
+    // 100 successes a second reported: 21 failures in a second are over
+    // twice the tenth of them its traffic explains, a surge, cut at once
+    // (a tenant reporting nothing needs more than twice the starting
+    // allowance, 41).
+    let mut reports = TenantHealth::new(0, 20.0);
+    reports.set_successes(100.0);
+    let mut silent = TenantHealth::new(0, 20.0);
+    for s in 0..10 {
+        reports.count(s, &failures(1), &LIMITS);
+        silent.count(s, &failures(1), &LIMITS);
+    }
+    reports.count(10, &failures(21), &LIMITS);
+    silent.count(10, &failures(21), &LIMITS);
+    assert_eq!(reports.allowance(), 10.0, "cut within the second");
+    assert_eq!(silent.allowance(), 20.0, "no traffic to measure against");
+    silent.count(10, &failures(20), &LIMITS);
+    assert_eq!(silent.allowance(), 10.0, "41 is a surge without reports");
+}
+
+#[test]
+fn a_flaky_dependency_reported_healthy_is_never_a_surge() {
+    // A tenth of the calls failing from the first second (90 successes,
+    // 10 failures, now and then 18): the share its traffic explains.
+    let mut h = TenantHealth::new(0, 20.0);
+    h.set_successes(90.0);
+    for s in 0..60 {
+        let n = if s % 7 == 0 { 18 } else { 10 };
+        h.count(s, &failures(n), &LIMITS);
+    }
+    h.advance(60, &LIMITS);
+    assert_eq!(h.evidence(60, &LIMITS).state, HealthState::Healthy);
+    assert!(h.allowance() >= h.rest(&LIMITS), "{}", h.allowance());
+}
+
+#[test]
 fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
     let mut h = TenantHealth::new(0, 20.0);
     // A steady failure rate (no surge), every granted retry failing.

@@ -157,6 +157,43 @@ fn reported_successes_raise_only_the_reporters_own_retries() {
     );
 }
 
+#[test]
+fn a_surge_stops_the_tenants_own_lane_until_its_trouble_is_over() {
+    let (_, config) = global(1000.0);
+    let mut deps = dependencies(&config);
+    let t0 = Duration::from_secs(50);
+    for second in 0..5u32 {
+        deps.report("acme", "api", t0 + second * S, 200, 200, 0);
+    }
+    let earned = |deps: &mut Dependencies, at| deps.stats_of_tenant("acme", at)[0].pace.earned;
+    assert!(
+        earned(&mut deps, t0 + 5 * S) > 0.0,
+        "its reported successes earn it a lane"
+    );
+    // Its calls start failing: 60 in a second, far over what its traffic
+    // explains, while the successes of the last seconds still count.
+    for i in 0..60u32 {
+        deps.observe(
+            "acme",
+            "api",
+            Observed {
+                retry_failed: false,
+            },
+            t0 + 5 * S + i * 10 * MS,
+        );
+    }
+    assert_eq!(
+        earned(&mut deps, t0 + 6 * S),
+        0.0,
+        "no retry paid by the lane in the surge"
+    );
+    // Its trouble over (no failure for a window), its successes earn again.
+    for second in 6..20u32 {
+        deps.report("acme", "api", t0 + second * S, 200, 200, 0);
+    }
+    assert!(earned(&mut deps, t0 + 20 * S) > 0.0);
+}
+
 proptest! {
     /// The evidence rule: a tenant inventing failures lowers the others'
     /// allowance by no more than its share of the requests seen, because

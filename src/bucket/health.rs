@@ -22,9 +22,9 @@
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
 //!     average over about [`BASELINE_SECONDS`]) and than twice
 //!     [`SURGE_SHARE`] of the successes it reports a second, or, for a
-//!     tenant that reports none, than twice the starting allowance; it is
-//!     seen at once, before any retry's fate, and cut within the second
-//!     that makes it (once a second);
+//!     tenant that reports none, than [`SILENT_SURGE_FACTOR`] times the
+//!     starting allowance; it is seen at once, before any retry's fate, and
+//!     cut within the second that makes it (once a second);
 //!   - or *failing retries*: at least [`MIN_FATES`] granted retries failed
 //!     in the window, at least half of those granted, and some within the
 //!     last [`RECENT_SECONDS`].
@@ -89,6 +89,12 @@ pub const ORDINARY_SHARE: f64 = 0.05;
 /// dependency's tenth of its calls, whose noise from second to second must
 /// not read as an overload.
 pub const SURGE_SHARE: f64 = 0.1;
+/// For a tenant that reports no successes, a second's failures above this
+/// many times the starting allowance are a surge: over what the allowance
+/// pays for by a margin that a dependency failing steadily at about that
+/// rate (its noise from second to second) does not reach, and under what
+/// a small tenant's part of an overload at a modest capacity brings.
+pub const SILENT_SURGE_FACTOR: f64 = 1.5;
 /// The recent failure rate is an average over about this many seconds.
 pub const BASELINE_SECONDS: f64 = 30.0;
 /// Fewest failed retries in the window that can say a dependency fails.
@@ -202,8 +208,8 @@ impl TenantHealth {
         self.fates = fates;
     }
 
-    /// The successes a second the tenant reports of the dependency.
-    /// Reported successes are evidence: from them on the tenant rests at
+    /// The successes a second the tenant's traffic reports count of the
+    /// dependency's calls. Reported successes are evidence: from them on the tenant rests at
     /// what its own lane leaves of the starting allowance, so that lane and
     /// allowance together bring the starting allowance, not more, to the
     /// first second of an overload.
@@ -267,25 +273,24 @@ impl TenantHealth {
 
     /// Whether `failures` fresh failures in a second are a surge.
     fn surge(&self, failures: u32, limits: &Limits) -> bool {
-        failures >= SURGE_MIN && f64::from(failures) > SURGE_FACTOR * self.expected(limits)
+        failures >= SURGE_MIN && f64::from(failures) > self.surge_above(limits)
     }
 
-    /// The fresh failures a second expected of the tenant: its recent rate,
-    /// and never less than a share of the successes it reports (a busy
-    /// dependency failing a small part of its calls is not in a surge).
-    /// A tenant that reports no successes has no traffic to measure a
-    /// surge against: its expected rate is at least the starting allowance
-    /// (a dependency first seen failing a few dozen times a second is not
-    /// in a surge; its retries' fates decide). One that reports them is
-    /// measured against them: failures well above the share its traffic
-    /// explains are an overload's first second, cut before its retries
-    /// add to it.
-    fn expected(&self, limits: &Limits) -> f64 {
-        let explained = self.baseline.max(SURGE_SHARE * self.successes);
+    /// The fresh failures a second above which a second is a surge: over
+    /// [`SURGE_FACTOR`] times what the tenant's recent rate and the share
+    /// of its reported successes explain (a busy dependency failing a small
+    /// part of its calls, a flaky one failing a tenth, is not in a surge).
+    /// A tenant that reports no successes has no traffic to measure a surge
+    /// against: [`SILENT_SURGE_FACTOR`] times the starting allowance is its
+    /// bound (20 first failures with no evidence are all retried). One that
+    /// reports them is measured against them, whatever the starting
+    /// allowance.
+    fn surge_above(&self, limits: &Limits) -> f64 {
+        let explained = SURGE_FACTOR * self.baseline.max(SURGE_SHARE * self.successes);
         if self.successes > 0.0 {
             explained
         } else {
-            explained.max(limits.initial)
+            explained.max(SILENT_SURGE_FACTOR * limits.initial)
         }
     }
 

@@ -49,23 +49,21 @@ fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
 
 #[test]
 fn a_tenant_that_reports_its_successes_is_cut_by_a_surge_its_traffic_does_not_explain() {
-    // 100 successes a second reported: 21 failures in a second are over
-    // twice the tenth of them its traffic explains, a surge, cut at once
-    // (a tenant reporting nothing needs more than twice the starting
-    // allowance, 41).
+    // 50 successes a second reported: 11 failures in a second are over
+    // twice the tenth of them its traffic explains, a surge, cut at once.
+    // A tenant reporting nothing has no traffic to measure against: its
+    // first failures are a surge past one and a half times the starting
+    // allowance, at the 31st.
     let mut reports = TenantHealth::new(0, 20.0);
-    reports.set_successes(100.0);
+    reports.set_successes(50.0);
     let mut silent = TenantHealth::new(0, 20.0);
-    for s in 0..10 {
-        reports.count(s, &failures(1), &LIMITS);
-        silent.count(s, &failures(1), &LIMITS);
-    }
-    reports.count(10, &failures(21), &LIMITS);
-    silent.count(10, &failures(21), &LIMITS);
+    reports.count(10, &failures(11), &LIMITS);
     assert_eq!(reports.allowance(), 10.0, "cut within the second");
-    assert_eq!(silent.allowance(), 20.0, "no traffic to measure against");
-    silent.count(10, &failures(20), &LIMITS);
-    assert_eq!(silent.allowance(), 10.0, "41 is a surge without reports");
+    silent.count(10, &failures(11), &LIMITS);
+    silent.count(10, &failures(19), &LIMITS);
+    assert_eq!(silent.allowance(), 20.0, "30 first failures are no surge");
+    silent.count(10, &failures(1), &LIMITS);
+    assert_eq!(silent.allowance(), 10.0, "the 31st is");
 }
 
 #[test]
@@ -243,10 +241,10 @@ fn the_blend_weighs_tenants_by_requests_seen() {
 #[test]
 fn a_surge_is_cut_within_its_own_second() {
     let mut h = TenantHealth::new(0, 20.0);
-    // A quiet history, then 41 fresh failures in one second: cut at the
-    // 41st, before the second ends.
+    // A quiet history, then 31 fresh failures in one second (no successes
+    // reported): cut at the 31st, before the second ends.
     h.count(5, &failures(1), &LIMITS);
-    for _ in 0..40 {
+    for _ in 0..30 {
         h.count(10, &failures(1), &LIMITS);
     }
     assert_eq!(h.allowance(), 20.0);

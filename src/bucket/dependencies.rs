@@ -163,7 +163,6 @@ impl Dependencies {
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
         e.tenants[t].add_successes(now, successes, config.window);
-        e.tenants[t].traffic.add(now, successes);
         e.tenants[t].counters.report(calls, successes, failures);
         e.counters.report(calls, successes, failures);
         e.paced_at = None;
@@ -216,7 +215,6 @@ impl Dependencies {
             let limits = pace.limits(self.global_rate);
             for t in &mut e.tenants {
                 t.successes.resize(pace.window);
-                t.traffic.resize(pace.window);
                 t.health.reconfigure(&limits);
             }
         }

@@ -208,8 +208,9 @@ impl TenantHealth {
         self.fates = fates;
     }
 
-    /// The successes a second the tenant's traffic reports count of the
-    /// dependency's calls. Reported successes are evidence: from them on the tenant rests at
+    /// The successes a second the tenant reports or records of the
+    /// dependency (a worker records each success, as the README's loop
+    /// does, or reports its calls' counts). Reported successes are evidence: from them on the tenant rests at
     /// what its own lane leaves of the starting allowance, so that lane and
     /// allowance together bring the starting allowance, not more, to the
     /// first second of an overload.

@@ -228,7 +228,10 @@ async fn a_failing_dependency_is_cut_grows_back_and_never_defers_a_healthy_one()
     let mut clients = [client(&addr).await];
     // 100 ms steps, no traffic report ever. A: down for 6 s (10 new
     // failures a step, every retry failing), then back (2 a step, every
-    // retry succeeding). B: 2 new failures a step, every retry succeeding.
+    // retry succeeding). B: 20 calls a step, 2 of them failing, every
+    // retry succeeding, each success recorded as the README's worker loop
+    // does (a dependency failing every call before its retry succeeds is
+    // failing half its calls: a surge, not a healthy neighbour).
     const BACK: u32 = 60;
     const END: u32 = 260;
     let started = Instant::now();
@@ -245,6 +248,9 @@ async fn a_failing_dependency_is_cut_grows_back_and_never_defers_a_healthy_one()
                 dependency: "b",
                 due_ms: 0,
             });
+        }
+        for i in 0..18 {
+            succeed(&mut clients[0], &format!("b-ok-{step}-{i}"), "b").await;
         }
         for i in 0..if a_down { 10 } else { 2 } {
             pending.push(Activity {

@@ -94,10 +94,6 @@ pub(super) struct TenantEntry {
     pub line: Line<Taken>,
     /// Its reported and recorded successes.
     pub successes: SuccessWindow,
-    /// The successes of its traffic reports alone: its calls' successes,
-    /// which the failures it is asked about are measured against for a
-    /// surge (recorded successes are those of retried activities only).
-    pub traffic: SuccessWindow,
     pub earned: Earned,
     /// The second it was last asked or told about.
     pub last_used: u64,
@@ -119,7 +115,6 @@ impl TenantEntry {
             health: TenantHealth::new(second, allowance),
             line: Line::default(),
             successes: SuccessWindow::new(window),
-            traffic: SuccessWindow::new(window),
             earned: Earned::default(),
             last_used: second,
             counters: DependencyCounters::default(),
@@ -321,7 +316,7 @@ impl DependencyEntry {
             } else {
                 t.health.set_fates(None);
             }
-            t.health.set_successes(t.traffic.clone().rate(now));
+            t.health.set_successes(t.success_rate(now));
             // Never more than the global rate: the rate a tenant is told it
             // earned is one the buckets can pay.
             let rate = config.earned(t.success_rate(now)).min(limits.cap);

@@ -113,11 +113,13 @@ def test_the_reporter_sends_counts_by_itself_and_the_service_paces_by_them(serve
     # 200 successes in one report, over a window of at most 5 s: at least
     # 40 a second, so a tenth of them is past the floor.
     assert b.success_rate >= 40
-    # They earn the tenant a lane of its own, a tenth of them a second; the
-    # shared allowance is what the service saw (nothing yet: its start).
+    # They earn the tenant a lane of its own, a tenth of them a second, and
+    # are evidence of health: the shared allowance starts at the starting
+    # allowance and rests at what the lane leaves of it, never higher.
     assert b.ratio == pytest.approx(RATIO)
     assert b.earned_rate == pytest.approx(RATIO * b.success_rate)
-    assert b.allowed_rate == pytest.approx(INITIAL) and b.state == "no_evidence", b
+    rest = max(FLOOR, INITIAL - b.earned_rate)
+    assert rest - 1e-6 <= b.allowed_rate <= INITIAL + 1e-6 and b.state == "healthy", b
     assert "more for this tenant (10% of its" in b.explanation, b.explanation
     assert q.earned_rate == pytest.approx(RATIO * q.success_rate)
     assert q.earned_rate < b.earned_rate

@@ -32,6 +32,10 @@ impl fmt::Display for Evidence {
                 self.retries_failed.min(self.granted),
                 self.granted
             ),
+            HealthState::Healthy if self.granted == 0 => write!(
+                f,
+                "healthy: no retry granted in the last {window} s to fail"
+            ),
             HealthState::Healthy => write!(
                 f,
                 "{} of the {} retries granted in the last {window} s failed",

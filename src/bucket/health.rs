@@ -89,11 +89,9 @@ pub const ORDINARY_SHARE: f64 = 0.05;
 /// dependency's tenth of its calls, whose noise from second to second must
 /// not read as an overload.
 pub const SURGE_SHARE: f64 = 0.1;
-/// For a tenant that reports no successes, a second's failures above this
-/// many times the starting allowance are a surge: over what the allowance
-/// pays for by a margin that a dependency failing steadily at about that
-/// rate (its noise from second to second) does not reach, and under what
-/// a small tenant's part of an overload at a modest capacity brings.
+/// For a tenant that tells no successes, a second's failures above this
+/// many times the starting allowance are a surge: past a steady failure
+/// rate's noise at the allowance, under a small tenant's part of an overload.
 pub const SILENT_SURGE_FACTOR: f64 = 1.5;
 /// The recent failure rate is an average over about this many seconds.
 pub const BASELINE_SECONDS: f64 = 30.0;
@@ -277,15 +275,12 @@ impl TenantHealth {
         failures >= SURGE_MIN && f64::from(failures) > self.surge_above(limits)
     }
 
-    /// The fresh failures a second above which a second is a surge: over
-    /// [`SURGE_FACTOR`] times what the tenant's recent rate and the share
-    /// of its reported successes explain (a busy dependency failing a small
-    /// part of its calls, a flaky one failing a tenth, is not in a surge).
-    /// A tenant that reports no successes has no traffic to measure a surge
-    /// against: [`SILENT_SURGE_FACTOR`] times the starting allowance is its
-    /// bound (20 first failures with no evidence are all retried). One that
-    /// reports them is measured against them, whatever the starting
-    /// allowance.
+    /// The fresh failures a second above which a second is a surge:
+    /// [`SURGE_FACTOR`] times what the tenant's recent rate and its
+    /// reported successes explain (a flaky dependency failing a tenth of its
+    /// calls is not in a surge). With no successes told, no traffic to
+    /// measure against: at least [`SILENT_SURGE_FACTOR`] times the starting
+    /// allowance (20 first failures with no evidence are all retried).
     fn surge_above(&self, limits: &Limits) -> f64 {
         let explained = SURGE_FACTOR * self.baseline.max(SURGE_SHARE * self.successes);
         if self.successes > 0.0 {

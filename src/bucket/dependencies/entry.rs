@@ -316,10 +316,11 @@ impl DependencyEntry {
             } else {
                 t.health.set_fates(None);
             }
-            t.health.set_successes(t.success_rate(now));
+            let successes = t.success_rate(now);
+            t.health.set_successes(successes);
             // Never more than the global rate: the rate a tenant is told it
             // earned is one the buckets can pay.
-            let rate = config.earned(t.success_rate(now)).min(limits.cap);
+            let rate = config.earned(successes).min(limits.cap);
             t.health.set_lane(rate);
             t.health.advance(second, &limits);
             let e = t.health.evidence(second, &limits);

@@ -55,9 +55,9 @@ use self::admit::{give_back, place_id};
 use self::entry::{DependencyEntry, Nanos};
 use super::config::{BucketConfig, BucketConfigError};
 use super::fair::FairShares;
-use super::health::Second;
+use super::health::{Limits, Second};
 use super::line::Place;
-use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig};
+use super::pace::{DEFAULT_DEPENDENCY, DependenciesConfig, PaceConfig};
 use crate::budget::token::Observed;
 
 pub use self::coordination::{DependencyReport, FleetGrant};
@@ -228,12 +228,36 @@ impl Dependencies {
 
     fn count_health(&mut self, tenant: &str, dependency: &str, what: &Second, now: Duration) {
         let i = self.entry(dependency, tenant, now);
-        let second = now.as_secs();
         let config = self.config.pace_of(&self.entries[i].name).clone();
         let limits = config.limits(self.global_rate);
+        let t = self.entries[i].tenant(tenant, now.as_secs(), &config, &limits);
+        self.count_in(i, t, what, now, &config, &limits);
+    }
+
+    /// Counts `what` in the health of entry `i`'s tenant `t`. A surge cut
+    /// by it is paid from now on, not from the next second's pace: the
+    /// lanes fall to the cut allowance and lose the tokens it no longer
+    /// holds, and the tenant's own lane stops (`DependencyEntry::repace`),
+    /// so the rest of the second grants nothing at the pace the surge has
+    /// just disproved.
+    fn count_in(
+        &mut self,
+        i: usize,
+        t: usize,
+        what: &Second,
+        now: Duration,
+        config: &PaceConfig,
+        limits: &Limits,
+    ) {
+        let second = now.as_secs();
         let e = &mut self.entries[i];
-        let t = e.tenant(tenant, second, &config, &limits);
-        e.tenants[t].health.count(second, what, &limits);
+        let health = &mut e.tenants[t].health;
+        let cut_before = health.cut_in(second);
+        health.count(second, what, limits);
+        if !cut_before && health.cut_in(second) {
+            e.paced_at = None;
+            e.repace(now, config, self.global_rate, &self.template);
+        }
     }
 }
 

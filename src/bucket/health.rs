@@ -290,6 +290,11 @@ impl TenantHealth {
         }
     }
 
+    /// Whether the allowance was cut in the second `second`.
+    pub fn cut_in(&self, second: u64) -> bool {
+        self.cut_at == Some(second)
+    }
+
     /// Whether the tenant's allowance was cut within [`HOLD_SECONDS`] of
     /// `second`.
     fn held(&self, second: u64) -> bool {

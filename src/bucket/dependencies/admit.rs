@@ -34,13 +34,11 @@ impl Dependencies {
         let i = self.entry(dependency, tenant, now);
         let config = self.config.pace_of(&self.entries[i].name).clone();
         let limits = config.limits(self.global_rate);
-        let e = &mut self.entries[i];
-        let t = e.tenant(tenant, second, &config, &limits);
+        let t = self.entries[i].tenant(tenant, second, &config, &limits);
         if let Some(observed) = ask.observed {
-            e.tenants[t]
-                .health
-                .count(second, &observed_failure(observed), &limits);
+            self.count_in(i, t, &observed_failure(observed), now, &config, &limits);
         }
+        let e = &mut self.entries[i];
         let mut unclaimed = Vec::new();
         e.tenants[t].line.expire(n, |token| unclaimed.push(token));
         for token in unclaimed {

@@ -247,3 +247,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_surge_is_paid_at_the_cut_allowance_for_the_rest_of_its_second() {
+    let (mut g, config) = global(100.0);
+    let mut deps = dependencies(&config);
+    let t0 = Duration::from_secs(10);
+    // 31 first failures in 100 ms, no evidence before: a surge (over 30),
+    // cut to 10 a second at the 31st. The starting allowance's 20 tokens
+    // are spent on the first 20.
+    let first = (0..31u32)
+        .filter(|i| {
+            granted(&fail_and_ask(
+                &mut deps,
+                &mut g,
+                "t",
+                "api",
+                false,
+                t0 + *i * 3 * MS,
+            ))
+        })
+        .count();
+    assert!((20..=22).contains(&first), "{first}");
+    // The rest of the second, a failure every 50 ms: paid at the cut
+    // allowance (10 a second, the tokens it no longer holds gone), not at
+    // the 20 a second the surge has just disproved.
+    let rest = (0..18u32)
+        .filter(|i| {
+            let at = t0 + 100 * MS + (*i + 1) * 50 * MS;
+            granted(&fail_and_ask(&mut deps, &mut g, "t", "api", false, at))
+        })
+        .count();
+    assert!(rest <= 10, "{rest} granted after the cut");
+}

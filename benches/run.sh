@@ -3,13 +3,12 @@
 #
 #   benches/run.sh [--quick] [--nice N] [--out FILE] [--port N] [--stored N]
 #
-# Against the release server on loopback (server on CPU 0, generator and h2load on CPU 1
-# when there are two; --nice N runs them at that niceness, -10 needs root):
+# Against the release server on loopback (server on CPU 0, generator on CPU 1 when there
+# are two; --nice N runs them at that niceness, -10 needs root):
 #   the fsync latency of the data directory's disk (at the start and the end);
 #   (1) health, (2) RetryDelay, (3) pure NextAction: closed loop A/B/C x REPS; open loop at
 #       half the best health throughput x OPEN_REPS, with the generator's h2 client (each
 #       request prepared once: it keeps its schedule where the tonic client fell behind);
-#       h2load, if installed, x REPS;
 #   (4) durable NextAction with group commit after pure NextAction on the same server, then
 #       (5) with --max-batch 1, each on a fresh server and store, x REPS;
 #   (6) durable NextAction on 1k and on --stored (1M; --quick 100k) activities preloaded
@@ -79,27 +78,6 @@ fsync_probe() {
   log "  fsync: median $(tail -1 "$OUT" | python3 -c 'import json,sys; print(json.load(sys.stdin)["latency_us"]["p50"])') us"
 }
 
-h2load_run() { # label path body
-  local label=$1 path=$2 text rps ok failed cores
-  # The server's CPU over h2load's measured window.
-  python3 "$ROOT/benches/summary.py" cpu --after "$WARMUP" --window "$DURATION" --pid server="$PID" >"$WORK/h2load-cpu" &
-  SAMPLER=$!
-  text=$("${PIN1[@]}" h2load -D "$DURATION" --warm-up-time "$WARMUP" -c $CONNECTIONS \
-    -m $((CONCURRENCY / CONNECTIONS)) -t 1 -d "$3" \
-    -H 'content-type: application/grpc' -H 'te: trailers' "http://127.0.0.1:$PORT$path")
-  wait "$SAMPLER"
-  SAMPLER=""
-  rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$text")
-  ok=$(sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' <<<"$text")
-  failed=$(sed -n 's/^requests: .* succeeded, \([0-9]*\) failed.*/\1/p' <<<"$text")
-  cores=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["server"])' "$WORK/h2load-cpu")
-  bench_json kind=h2load label="$label" path="$path" throughput_rps="${rps:-null}" requests="${ok:-null}" \
-    errors="${failed:-null}" clients=$CONNECTIONS streams_per_client=$((CONCURRENCY / CONNECTIONS)) \
-    warmup_s="$WARMUP" duration_s="$DURATION" server_cpu_cores="$cores" \
-    server_cpu_us_per_request="$(python3 -c "print($cores * $DURATION * 1e6 / max(1, ${ok:-0}))")" >>"$OUT"
-  log "  $label: ${rps:-?} req/s (h2load), ${failed:-?} failed"
-}
-
 log "results: $OUT"
 fsync_probe
 log "(1)-(3) closed loop: health, RetryDelay, pure NextAction (x$REPS)"
@@ -116,22 +94,6 @@ log "(1)-(3) open loop at $HALF_RATE req/s, half the best health throughput (x$O
 for _ in $(seq 1 "$OPEN_REPS"); do
   for s in health retry-delay pure-next-action; do loadgen "open/$s" "$s" --mode open --rate "$HALF_RATE" --client h2; done
 done
-if command -v h2load >/dev/null; then
-  log "(1)-(3) h2load (x$REPS)"
-  # The generator's requests in gRPC framing (flag byte 0, 4-byte big-endian length, the
-  # message): HealthCheckRequest{}; RetryDelayRequest{"flight-1", 4}; NextActionRequest
-  # {budget: {1, 3, 5, 30}, activity_id: "flight-1", error_class: TRANSIENT}.
-  printf '\0\0\0\0\0' >"$WORK/health.bin"
-  printf '\0\0\0\0\x0c\x0a\x08flight-1\x10\x04' >"$WORK/retry-delay.bin"
-  printf '\0\0\0\0\x16\x0a\x08\x08\x01\x10\x03\x18\x05\x20\x1e\x12\x08flight-1\x18\x01' >"$WORK/pure-next-action.bin"
-  for _ in $(seq 1 "$REPS"); do
-    h2load_run h2load/health /grpc.health.v1.Health/Check "$WORK/health.bin"
-    h2load_run h2load/retry-delay /retrybudget.v1.RetryBudget/RetryDelay "$WORK/retry-delay.bin"
-    h2load_run h2load/pure-next-action /retrybudget.v1.RetryBudget/NextAction "$WORK/pure-next-action.bin"
-  done
-else
-  log "h2load not found: skipping the independent check (Debian: apt-get install nghttp2-client)"
-fi
 stop_server
 
 # Durable is judged against pure NextAction on the same server just before it: minutes

@@ -109,8 +109,6 @@ TARGETS = [
      THROUGHPUT, ">=", 0.5),
     ("durable group commit / max-batch 1", "durable/group-commit", "durable/max-batch-1", THROUGHPUT, ">=", 20),
     ("durable, big store / 1k store", "durable/stored-big", "durable/stored-1k", THROUGHPUT, ">=", 0.8),
-    ("h2load: RetryDelay / health throughput", "h2load/retry-delay", "h2load/health", THROUGHPUT, ">=", 0.90),
-    ("h2load: pure NextAction / health throughput", "h2load/pure-next-action", "h2load/health", THROUGHPUT, ">=", 0.90),
     ("server capacity: RetryDelay / health", "closed/retry-delay", "closed/health", capacity, ">=", 0.90),
     ("server capacity: pure NextAction / health", "closed/pure-next-action", "closed/health", capacity, ">=", 0.90),
     ("server capacity: durable / pure NextAction (same server)", "durable/group-commit", "durable/pure-next-action",

@@ -59,7 +59,6 @@ pub fn check_health(response: &HealthCheckResponse) -> Result<(), String> {
     )
 }
 
-/// The body h2load sends too.
 pub fn retry_delay_request() -> pb::RetryDelayRequest {
     pb::RetryDelayRequest {
         activity_id: "flight-1".into(),

@@ -2,38 +2,32 @@
 # The PostgreSQL targets of BENCHMARKS.md, and the embedded store's stored-size target
 # beside them, in one run, on this machine.
 #
-#   benches/pg.sh [--quick] [--out FILE] [--rounds N] [--big N] [--small N]
-#                 [--embedded-big N] [--only pgbench|pg-stored|embedded-stored]
+#   benches/pg.sh [--rounds N] [--big N] [--embedded-big N] [--only pgbench|pg-stored|embedded-stored]
 #
 # (a) pgbench, ONE single-row upsert a transaction into a table made by the service's own
 #     migration, the record a real one from the service's table, at 1 to 64 clients (-j 2,
 #     -M prepared); then durable NextAction at 128 streams against the server on
 #     PostgreSQL; --rounds (2) times, each ratio against the best pgbench of its round.
-# (b) durable reports over --small (10k) against --big (10M) activities imported into
+# (b) durable reports over 10k against --big (10M) activities imported into
 #     PostgreSQL, each request the next attempt of one drawn uniformly (stored-next-action),
 #     alternated, a fresh server each window. The big database is imported once, vacuumed
 #     and checkpointed; the small one again before each of its windows, so that its records
 #     do not grow to dozens of events.
-# (c) the same on the embedded store, --small against --embedded-big (1M) preloaded
+# (c) the same on the embedded store, 10k against --embedded-big (1M) preloaded
 #     offline, server on CPU 0 and generator on CPU 1. In (a) and (b) nothing is pinned: the
 #     database needs cores too.
 # Every window carries the CPU the server, every postgres process and the rest used
 # (`summary.py cpu`). Databases rb_bench_*_PID on PGHOST:PGPORT (127.0.0.1:5432, user
-# postgres), dropped at the end. One JSON line a window to FILE (default
-# target/bench-results/pg-DATE.jsonl), then `benches/summary.py pg FILE`.
+# postgres), dropped at the end. One JSON line a window to
+# target/bench-results/pg-DATE.jsonl, then `benches/summary.py pg` on it.
 # Environment: PGHOST, PGPORT, PGUSER, CARGO_TARGET_DIR, BENCH_DIR, BENCH_WARMUP, BENCH_DURATION.
 set -euo pipefail
 
 # shellcheck source=benches/common.sh
 . "$(dirname "$0")/common.sh"
-QUICK=0 OUT="" ROUNDS=2 BIG=10000000 SMALL=10000 EMBEDDED_BIG=1000000 ONLY=""
-bench_args --quick=QUICK=1 --out=OUT --rounds=ROUNDS --big=BIG --small=SMALL --embedded-big=EMBEDDED_BIG \
-  --only=ONLY -- "$@"
-if [ "$QUICK" = 1 ]; then
-  WARMUP=${BENCH_WARMUP:-1} DURATION=${BENCH_DURATION:-3}
-else
-  WARMUP=${BENCH_WARMUP:-2} DURATION=${BENCH_DURATION:-6}
-fi
+OUT="" ROUNDS=2 BIG=10000000 SMALL=10000 EMBEDDED_BIG=1000000 ONLY=""
+bench_args --rounds=ROUNDS --big=BIG --embedded-big=EMBEDDED_BIG --only=ONLY -- "$@"
+WARMUP=${BENCH_WARMUP:-2} DURATION=${BENCH_DURATION:-6}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 PORT=${BENCH_PORT:-21370}
 for tool in psql pgbench python3; do

@@ -20,9 +20,8 @@
 #   bench_stop: stops it. bench_json K=V...: one JSON line (values are JSON literals, else
 #   strings). bench_machine K=V...: the machine's record (CPU, kernel, commit, load) and K=V.
 #   bench_cleanup_hook, if the script defines it, runs first at exit.
-#   bench_rss EVERY [COMMAND...]: while the server runs, every EVERY seconds its VmRSS and
-#     VmHWM (MiB, `status_mib`) into OUT/rss.tsv, then COMMAND with the seconds since the
-#     start; in SAMPLER.
+#   bench_rss EVERY: while the server runs, every EVERY seconds its VmRSS and VmHWM (MiB,
+#     `status_mib`) into OUT/rss.tsv; in SAMPLER.
 
 bench_args() {
   local -A var=()
@@ -108,14 +107,11 @@ bench_stop() {
 status_mib() { awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$PID/status"; }
 
 bench_rss() {
-  local every=$1 start=$SECONDS t
-  shift
+  local every=$1 start=$SECONDS
   printf 'seconds\tvm_rss_mib\tvm_hwm_mib\n' >"$OUT/rss.tsv"
   (
     while kill -0 "$PID" 2>/dev/null; do
-      t=$((SECONDS - start))
-      printf '%s\t%s\t%s\n' "$t" "$(status_mib VmRSS)" "$(status_mib VmHWM)" >>"$OUT/rss.tsv"
-      [ $# = 0 ] || "$@" "$t" || true
+      printf '%s\t%s\t%s\n' "$((SECONDS - start))" "$(status_mib VmRSS)" "$(status_mib VmHWM)" >>"$OUT/rss.tsv"
       sleep "$every"
     done
   ) &

@@ -13,8 +13,9 @@
 #    much burst), `--success-deposit 0.1` and metrics, driven open loop at S / 2 a second in
 #    MINUTES one-minute runs; each activity reports ATTEMPTS (3) failures then its success,
 #    deferred retries wait out their not_before.
-# Every 10 s the server's VmRSS and VmHWM and its /metrics go into DIR; then
-# `benches/summary.py soak DIR` (exits 1 if the verdict fails).
+# Every 10 s the server's VmRSS and VmHWM go into DIR, its /metrics at the end (the
+# server's p99 each 10 s from them is in history, 06d317b); then `benches/summary.py soak
+# DIR` (exits 1 if the verdict fails).
 set -euo pipefail
 
 # shellcheck source=benches/common.sh
@@ -45,9 +46,7 @@ echo "saturation $SAT requests/s: soak at $RATE/s, retry rate $RETRY_RATE/s, $MI
 
 bench_serve "$OUT/soak-server.log" "$PORT" --data-dir "$WORK/soak" --retry-rate "$RETRY_RATE" \
   --retry-burst "$RETRY_RATE" "${ROOMY_DEPS[@]}" --success-deposit 0.1 --metrics-listen "127.0.0.1:$METRICS_PORT"
-mkdir -p "$OUT/metrics"
-scrape() { curl -s "http://127.0.0.1:$METRICS_PORT/metrics" >"$OUT/metrics/$(printf '%05d' "$1").txt"; }
-bench_rss 10 scrape
+bench_rss 10
 : >"$OUT/minutes.jsonl"
 for m in $(seq 1 "$MINUTES"); do
   loadgen --mode open --rate "$RATE" --warmup 0s --duration 60s --run-id "soak$m" --label "soak/minute-$m" \
@@ -55,7 +54,7 @@ for m in $(seq 1 "$MINUTES"); do
   echo "minute $m: $(tail -1 "$OUT/minutes.jsonl" | python3 "$ROOT/benches/summary.py" line)" >&2
 done
 sleep 10
-curl -s "http://127.0.0.1:$METRICS_PORT/metrics" >"$OUT/metrics/final.txt"
+curl -s "http://127.0.0.1:$METRICS_PORT/metrics" >"$OUT/final-metrics.txt"
 kill "$SAMPLER" 2>/dev/null || true
 wait "$SAMPLER" 2>/dev/null || true
 SAMPLER=""

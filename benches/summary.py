@@ -363,37 +363,10 @@ def total(scrape, name, **want):
     return sum(v for (n, labels), v in scrape.items() if n == name and all(kv in labels for kv in want.items()))
 
 
-def buckets(scrape, name, **want):
-    """[(le, cumulative count)] of a histogram, ascending."""
-    out = defaultdict(float)
-    for (n, labels), v in scrape.items():
-        d = dict(labels)
-        if n == name + "_bucket" and all(d.get(k) == w for k, w in want.items()):
-            out[float("inf") if d["le"] == "+Inf" else float(d["le"])] += v
-    return sorted(out.items())
-
-
-def quantile(q, before, after):
-    """histogram_quantile over the difference of two cumulative bucket lists."""
-    prev = dict(before)
-    delta = [(le, c - prev.get(le, 0)) for le, c in after]
-    if not delta or delta[-1][1] <= 0:
-        return None
-    rank = q * delta[-1][1]
-    lower_le, lower_c = 0.0, 0.0
-    for le, c in delta:
-        if c >= rank:
-            if le == float("inf"):
-                return lower_le
-            return lower_le + (le - lower_le) * (rank - lower_c) / max(c - lower_c, 1e-12)
-        lower_le, lower_c = le, c
-    return None
-
-
 def soak_report(out):
     """Per minute the rate, latencies (from due and from send times), errors, the generator's
-    lag and the RSS; the server's p99 each 10 s; the mix; the verdict (RSS at the end within
-    10% of its value after the 2-minute warm-up, no error). Writes summary.json; 1 if it fails."""
+    lag and the RSS; the mix; the verdict (RSS at the end within 10% of its value after the
+    2-minute warm-up, no error). Writes summary.json; 1 if it fails."""
     out = Path(out)
     run = json.loads((out / "run.json").read_text())
     minutes = records(out / "minutes.jsonl")
@@ -419,15 +392,7 @@ def soak_report(out):
               f"{' ' + json.dumps(m['error_codes']) if m['errors'] else ''} | {m.get('pacer_lag_us', {}).get('p99')} | "
               f"{'-' if wait is None else f'{wait / 1000:.1f}'} | {m.get('system_busy_cores') or 0:.2f} | "
               f"{m.get('server_cpu_cores') or 0:.2f} | {rss_at(i * 60)} |")
-    tens, prev = [], None
-    for path in sorted((out / "metrics").glob("[0-9]*.txt")):
-        b = buckets(parse_scrape(path.read_text()), "retry_budget_rpc_duration_seconds", method="NextAction", code="OK")
-        if prev is not None:
-            q = quantile(0.99, prev, b)
-            tens.append((int(path.stem), None if q is None else round(q * 1e6)))
-        prev = b
-    print("\nserver NextAction p99 (us) each 10 s, from its histogram:", " ".join(f"{p}" for _, p in tens))
-    final = parse_scrape((out / "metrics" / "final.txt").read_text())
+    final = parse_scrape((out / "final-metrics.txt").read_text())
     mix = {
         "retries granted": total(final, "retry_budget_decisions_total", action="ACTION_SCHEDULE_RETRY"),
         "deferrals": total(final, "retry_budget_decisions_total", action="ACTION_DEFERRED"),
@@ -449,7 +414,7 @@ def soak_report(out):
           f"peak (VmHWM) {rss[-1][2] if rss else None} MiB; errors {errors}; "
           f"p99 by minute {min(p99s, default=0)} to {max(p99s, default=0)} us: {'PASS' if ok else 'FAIL'}")
     summary = {**run, "minutes_p99_us": p99s, "minutes_rps": [round(m["throughput_rps"]) for m in minutes],
-               "server_p99_us_10s": [p for _, p in tens], "rss_after_warmup_mib": warm, "rss_end_mib": end,
+               "rss_after_warmup_mib": warm, "rss_end_mib": end,
                "rss_max_after_warmup_mib": max(after, default=None), "errors": errors, "mix": mix,
                "deferral_reasons": reasons, "pass": ok}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

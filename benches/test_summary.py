@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of the rules the figures of BENCHMARKS.md rest on: summary.py's verdicts, the PostgreSQL
-ratios, the soak's quantiles, and how callgrind_summary.py reads a dump with its simulated cache
-misses.
+ratios, the soak's server counters, and how callgrind_summary.py reads a dump with its simulated
+cache misses.
 
 Run: python3 benches/test_summary.py (benches/loadgen/tests/bench_summary.rs runs it under
 `cargo test --workspace`).
@@ -116,15 +116,6 @@ class Postgres(unittest.TestCase):
 
 
 class Soak(unittest.TestCase):
-    def test_quantile_interpolates_within_the_bucket_of_the_difference(self):
-        before = [(0.001, 10), (0.002, 10), (float("inf"), 10)]
-        after = [(0.001, 60), (0.002, 110), (float("inf"), 110)]  # 50 under 1 ms, 50 from 1 to 2 ms
-        self.assertAlmostEqual(summary.quantile(0.5, before, after), 0.001)
-        self.assertAlmostEqual(summary.quantile(0.99, before, after), 0.00198)
-        self.assertIsNone(summary.quantile(0.99, before, before))
-        # In the +Inf bucket: its lower bound.
-        self.assertAlmostEqual(summary.quantile(0.99, before, [(0.001, 60), (0.002, 60), (float("inf"), 110)]), 0.002)
-
     def test_a_scrape_is_summed_by_label(self):
         scrape = summary.parse_scrape(
             'retry_budget_decisions_total{action="ACTION_DEFERRED",code="deferred"} 7\n'

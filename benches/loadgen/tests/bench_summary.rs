@@ -1,6 +1,6 @@
 //! The rules of the bench scripts that the figures in BENCHMARKS.md rest on
 //! (`benches/test_summary.py`: the verdicts, the PostgreSQL ratios, the soak's
-//! quantiles, callgrind's dumps), run here so that `cargo test --workspace`
+//! counters, callgrind's dumps), run here so that `cargo test --workspace`
 //! runs every test of the project. Without `python3` the test says it was
 //! skipped, and fails under `CI=true`.
 

@@ -19,7 +19,7 @@ fn key(i: u64) -> [u8; 16] {
     k
 }
 
-/// Writes into `engine` ("fjall" or "redb") and reports records a second and bytes on disk.
+/// Writes into `engine` ("fjall" or "redb") and reports records a second.
 pub fn writes(dir: &Path, engine: &str, records: u64, batch: u64) -> Result<Value, String> {
     let scratch = dir.join(format!(".engine-writes-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
@@ -31,12 +31,11 @@ pub fn writes(dir: &Path, engine: &str, records: u64, batch: u64) -> Result<Valu
         other => Err(format!("--engine {other}: fjall or redb")),
     };
     let seconds = started.elapsed().as_secs_f64();
-    let bytes = disk_bytes(&scratch);
     let _ = std::fs::remove_dir_all(&scratch);
     written?;
     Ok(json!({
         "scenario": "engine-writes", "engine": engine, "records": records, "batch": batch,
-        "seconds": seconds, "records_per_s": records as f64 / seconds, "bytes_on_disk": bytes,
+        "seconds": seconds, "records_per_s": records as f64 / seconds,
     }))
 }
 
@@ -78,17 +77,4 @@ fn redb_writes(dir: &Path, records: u64, batch: u64) -> Result<(), String> {
         txn.commit().map_err(|x| e(x.into()))?;
     }
     Ok(())
-}
-
-fn disk_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries
-            .filter_map(Result::ok)
-            .map(|entry| match entry.metadata() {
-                Ok(m) if m.is_dir() => disk_bytes(&entry.path()),
-                Ok(m) => m.len(),
-                Err(_) => 0,
-            })
-            .sum()
-    })
 }

@@ -222,10 +222,9 @@ async fn run(args: &Args) -> Result<Value, String> {
             let prefix = format!("n{run_id}-");
             let conns = connect(args, Conn::connect).await?;
             let (concurrency, activities) = (args.concurrency, args.activities);
-            let mut report =
+            let report =
                 preload::first_failures(&conns, concurrency, &args.tenant, &prefix, activities)
                     .await;
-            report["first_id"] = json!(preload::activity_id(&prefix, 0));
             return Ok(with_settings(report, args));
         }
         _ => {}

@@ -185,31 +185,21 @@ pub async fn postgres(url: &str, activities: u64, tenant: &str) -> Result<Value,
     };
     let store = PgStore::open(&options).map_err(|e| format!("preload: {e}"))?;
     store.ready().await.map_err(|e| format!("preload: {e}"))?;
-    let (bytes, tenant, defaults) = (
-        Arc::new(AtomicU64::new(0)),
-        tenant.to_owned(),
-        Arc::new(defaults()),
-    );
+    let (tenant, defaults) = (tenant.to_owned(), Arc::new(defaults()));
     // Each worker its own progress row (imports of one source wait on its lock), and count.
     let copied: Arc<[AtomicU64; IMPORTS]> = Arc::default();
-    let record_bytes = Arc::clone(&bytes);
     spread(
         IMPORTS,
         activities,
         IMPORT_BATCH,
         move |worker, from, to| {
             let (store, tenant, defaults) = (store.clone(), tenant.clone(), Arc::clone(&defaults));
-            let (bytes, copied) = (Arc::clone(&bytes), Arc::clone(&copied));
+            let copied = Arc::clone(&copied);
             async move {
                 let now_ms = retry_budget::clock::now_ms();
                 let records = (from..to)
                     .map(|i| first_failure_record(&tenant, i, &defaults, now_ms))
                     .collect::<Result<Vec<_>, _>>()?;
-                if from == 0 {
-                    let mut encoded = Vec::new();
-                    retry_budget::store::codec::encode_into(&records[0], &mut encoded);
-                    bytes.store(encoded.len() as u64, Ordering::Relaxed);
-                }
                 let copied = copied[worker].fetch_add(to - from, Ordering::Relaxed) + to - from;
                 let source = format!("loadgen-preload-{worker}");
                 store
@@ -220,11 +210,7 @@ pub async fn postgres(url: &str, activities: u64, tenant: &str) -> Result<Value,
         },
     )
     .await?;
-    let mut report = summary("postgres", activities, started);
-    report["import_connections"] = json!(IMPORTS);
-    report["import_batch"] = json!(IMPORT_BATCH);
-    report["record_bytes"] = json!(record_bytes.load(Ordering::Relaxed));
-    Ok(report)
+    Ok(summary("postgres", activities, started))
 }
 
 /// The wait a refusal asks for (`grpc-retry-pushback-ms`), if any.

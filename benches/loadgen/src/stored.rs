@@ -27,7 +27,6 @@ pub struct Stored {
     /// Attempts reported, summed, and reports: how long the records have grown.
     attempts_sum: AtomicU64,
     reports: AtomicU64,
-    retired: AtomicU64,
 }
 
 /// An activity out of the draw while its report is in flight.
@@ -55,14 +54,12 @@ impl Stored {
             _ => (0..n).map(|_| AtomicU32::new(2)).collect(),
         };
         let file = file.map(Path::to_path_buf);
-        let (attempts_sum, reports, retired) =
-            (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        let (attempts_sum, reports) = (AtomicU64::new(0), AtomicU64::new(0));
         Ok(Self {
             next,
             file,
             attempts_sum,
             reports,
-            retired,
         })
     }
 
@@ -89,16 +86,15 @@ impl Stored {
 
     /// Puts a claimed activity back: at its next attempt when the report was decided, at the
     /// same one when refused as unavailable (nothing acknowledged; a replay, should the
-    /// refused save have landed, counts as an error), retired otherwise.
+    /// refused save have landed, counts as an error), retired otherwise (counted in the
+    /// report's errors).
     pub fn release(&self, claim: Claim, outcome: &Result<(), String>) {
         match outcome {
             Ok(()) => self.next[claim.index].store(claim.attempt + 1, Ordering::Release),
             Err(key) if key == "Unavailable" => {
                 self.next[claim.index].store(claim.attempt, Ordering::Release)
             }
-            Err(_) => {
-                self.retired.fetch_add(1, Ordering::Relaxed);
-            }
+            Err(_) => {}
         }
     }
 
@@ -117,12 +113,11 @@ impl Stored {
         fs::rename(partial, file)
     }
 
-    /// The activities, the mean attempt reported, the activities retired.
+    /// The activities and the mean attempt reported.
     pub fn write_into(&self, report: &mut Value) {
         let reports = self.reports.load(Ordering::Relaxed).max(1) as f64;
         report["stored_activities"] = json!(self.next.len());
         report["mean_attempt"] = json!(self.attempts_sum.load(Ordering::Relaxed) as f64 / reports);
-        report["retired"] = json!(self.retired.load(Ordering::Relaxed));
     }
 }
 

@@ -172,29 +172,6 @@ mod tests {
     }
 
     #[test]
-    fn attempts_survive_a_save_and_a_load() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("attempts");
-        let stored = Stored::load(3, Some(&file)).unwrap();
-        let claim = stored.claim(&mut Rng::new(1)).unwrap();
-        let index = claim.index;
-        stored.release(claim, &Ok(()));
-        stored.save().unwrap();
-        let loaded = Stored::load(3, Some(&file)).unwrap();
-        let mut expected = vec![2, 2, 2];
-        expected[index] = 3;
-        assert_eq!(
-            loaded
-                .next
-                .iter()
-                .map(|a| a.load(Ordering::Relaxed))
-                .collect::<Vec<_>>(),
-            expected
-        );
-        assert!(Stored::load(4, Some(&file)).is_err());
-    }
-
-    #[test]
     fn draws_cover_the_range_evenly() {
         let (mut rng, mut counts) = (Rng::new(42), [0u32; 10]);
         for _ in 0..100_000 {

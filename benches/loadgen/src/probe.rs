@@ -162,7 +162,8 @@ fn ticks() -> Option<Ticks> {
     parse_cpu_line(stat.lines().find(|l| l.starts_with("cpu "))?)
 }
 
-/// user nice system idle iowait irq softirq steal [guest guest_nice], guest in user.
+/// user nice system idle iowait irq softirq steal [guest guest_nice], guest in user (steal
+/// since Linux 2.6.11).
 fn parse_cpu_line(line: &str) -> Option<Ticks> {
     let fields: Vec<u64> = line
         .split_whitespace()
@@ -172,7 +173,7 @@ fn parse_cpu_line(line: &str) -> Option<Ticks> {
     let idle = fields.get(3)? + fields.get(4)?;
     Some(Ticks {
         busy: fields.iter().take(8).sum::<u64>() - idle,
-        steal: fields.get(7).copied().unwrap_or(0),
+        steal: *fields.get(7)?,
     })
 }
 
@@ -191,15 +192,7 @@ mod tests {
                 steal: 13_045
             })
         );
-        // Before Linux 2.6.11 the line ended at softirq.
-        assert_eq!(
-            parse_cpu_line("cpu  100 0 50 1000 10 0 5"),
-            Some(Ticks {
-                busy: 155,
-                steal: 0
-            })
-        );
-        assert_eq!(parse_cpu_line("cpu  100 x 50 1000 10"), None);
-        assert_eq!(parse_cpu_line("cpu  100 0 50"), None);
+        assert_eq!(parse_cpu_line("cpu  100 x 50 1000 10 0 5 0"), None);
+        assert_eq!(parse_cpu_line("cpu  100 0 50 1000 10 0 5"), None);
     }
 }

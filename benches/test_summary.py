@@ -13,6 +13,7 @@ import tempfile
 import unittest
 from collections import defaultdict
 
+sys.dont_write_bytecode = True  # no benches/__pycache__ left beside the scripts
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import callgrind_summary as cs  # noqa: E402
 import summary  # noqa: E402

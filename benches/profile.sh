@@ -61,6 +61,10 @@ for s in "${SCENARIOS[@]}"; do
     while grpcurl -plaintext -H "x-tenant-id: ${REPORT_TENANT:-bench}" -d "$report" \
       "127.0.0.1:$PORT" retrybudget.v1.RetryBudget/ReportTraffic >/dev/null; do sleep 1; done &
     REPORTER=$!
+    # The successes first: failures asked before them would find a fresh
+    # dependency, surge past its starting allowance and keep it in trouble
+    # (and its lane stopped) through the whole window.
+    sleep 3
   fi
   (
     sleep "$WARMUP"

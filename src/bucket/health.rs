@@ -64,6 +64,7 @@
 //! others; a tenant's claims (reported successes) never enter it.
 
 pub use crate::budget::token::{Evidence, HealthState};
+use counts::slot;
 pub use counts::{Fates, Limits, Second};
 
 /// Seconds of evidence the rule reads (whole seconds, the one under way
@@ -115,6 +116,10 @@ pub const IN_USE_SHARE: f64 = 0.5;
 pub const RECOVERED_WITHIN: f64 = 1.0;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
+/// Seconds with no cut after which a surge is out of calm (the recent
+/// failure rate's own span): it pauses the tenant's own lane
+/// ([`TenantHealth::lane_paused`]).
+pub const CALM_SECONDS: u64 = BASELINE_SECONDS as u64;
 /// Seconds after a cut (or a second failing well above the usual) in which
 /// the allowance does not grow: the fates of the retries granted before it
 /// come back only after their backoff and their call's timeout, as failures
@@ -145,6 +150,9 @@ pub struct TenantHealth {
     elevated_at: Option<u64>,
     /// Whether that cut was a surge.
     surged: bool,
+    /// The second of the last surge out of calm: the tenant's own lane
+    /// pauses for the window after it ([`Self::lane_paused`]).
+    surge_began: Option<u64>,
     /// Whether any evidence was ever counted.
     seen_any: bool,
     /// The fleet's retries granted and failed in the window, when replicas
@@ -170,6 +178,7 @@ impl TenantHealth {
             cut_at: None,
             elevated_at: None,
             surged: false,
+            surge_began: None,
             seen_any: false,
             fates: None,
             successes: 0.0,
@@ -264,6 +273,7 @@ impl TenantHealth {
             && self.cut_at != Some(now)
             && self.surge(self.slots[slot(now)].failures, limits)
         {
+            self.begin(now, true);
             self.allowance = limits.clamp(self.allowance * CUT);
             self.cut_at = Some(now);
             self.surged = true;
@@ -288,6 +298,32 @@ impl TenantHealth {
         } else {
             explained.max(SILENT_SURGE_FACTOR * limits.initial)
         }
+    }
+
+    /// Notes a cut at `second`: a surge after at least [`CALM_SECONDS`]
+    /// with no cut (out of health, not in the swings of a recovery) pauses
+    /// the tenant's own lane.
+    fn begin(&mut self, second: u64, surge: bool) {
+        let calm = self
+            .cut_at
+            .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS);
+        if surge && calm {
+            self.surge_began = Some(second);
+        }
+    }
+
+    /// Whether the tenant's own lane pauses at `now`: for the window after
+    /// a surge out of calm. The lane is earned by the successes of the last
+    /// seconds, from before the surge, and the retries it would pay then
+    /// feed an overload's first seconds. A surge in the swings of a
+    /// recovery (a backlog draining at the edge of the dependency's
+    /// capacity) pauses nothing: the lane has been earned since by the
+    /// recovery's own successes, and pausing it at each surge would swing
+    /// the tenant's rate, and so the turns its deferred workers are told,
+    /// out of the order of their first deferral.
+    pub fn lane_paused(&self, now: u64) -> bool {
+        self.surge_began
+            .is_some_and(|at| now.saturating_sub(at) <= WINDOW_SECONDS as u64)
     }
 
     /// Whether the allowance was cut in the second `second`.
@@ -361,6 +397,7 @@ impl TenantHealth {
         if surge || failing {
             // A surge seen as it came was cut then (`count`), once a second.
             if self.cut_at != Some(second) {
+                self.begin(second, surge);
                 self.allowance = limits.clamp(self.allowance * CUT);
                 self.cut_at = Some(second);
                 self.surged = surge;
@@ -406,59 +443,6 @@ impl TenantHealth {
         }
     }
 
-    /// The requests seen in the window (the tenant's weight).
-    pub fn seen(&self, now: u64) -> u64 {
-        let w = self.window_before(now);
-        u64::from(w.seen)
-    }
-
-    /// Sums of the window's whole seconds before `second`.
-    fn window_before(&self, second: u64) -> Second {
-        let mut sum = Second::default();
-        let oldest = second.saturating_sub(WINDOW_SECONDS as u64);
-        for s in oldest..second {
-            if s <= self.newest && self.newest - s <= WINDOW_SECONDS as u64 {
-                sum.add(&self.slots[slot(s)]);
-            }
-        }
-        sum
-    }
-
-    /// The window's sums before `now`, for a dependency's totals.
-    pub fn window(&self, now: u64) -> Second {
-        self.window_before(now)
-    }
-
-    /// This replica's own fates before `now`, for the fleet's sums.
-    pub fn own_fates(&self, now: u64) -> Fates {
-        let window = self.window_before(now);
-        Fates {
-            granted: window.granted,
-            failed: window.retries_failed,
-            failed_recently: self.recent_before(now).retries_failed,
-        }
-    }
-
-    /// Sums of the last [`RECENT_SECONDS`] whole seconds before `second`.
-    fn recent_before(&self, second: u64) -> Second {
-        let mut sum = Second::default();
-        for s in second.saturating_sub(RECENT_SECONDS)..second {
-            if s <= self.newest && self.newest - s <= WINDOW_SECONDS as u64 {
-                sum.add(&self.slots[slot(s)]);
-            }
-        }
-        sum
-    }
-
-    /// The last whole second's counts (stepped up to `now`).
-    pub fn last_second(&self, now: u64) -> Second {
-        if self.newest == now && now > 0 {
-            self.slots[slot(now - 1)]
-        } else {
-            Second::default()
-        }
-    }
-
     /// Whether this tenant holds evidence of trouble worth keeping: cut
     /// recently, or still below its resting allowance.
     pub fn holds_trouble(&self, now: u64, limits: &Limits) -> bool {
@@ -471,10 +455,6 @@ impl TenantHealth {
 
 fn grow(allowance: f64) -> f64 {
     (allowance * GROWTH).max(allowance + 1.0)
-}
-
-fn slot(second: u64) -> usize {
-    (second % (WINDOW_SECONDS as u64 + 1)) as usize
 }
 
 /// The dependency's allowance from its tenants' `(allowance, seen)`: their

@@ -324,16 +324,12 @@ impl DependencyEntry {
             t.health.set_lane(rate);
             t.health.advance(second, &limits);
             let e = t.health.evidence(second, &limits);
-            // A tenant whose own failures surged pays no retry from its
-            // lane while that trouble lasts: the lane is earned by the
-            // successes of the last seconds, which came before the surge,
-            // and the retries it would pay now feed an overload's first
-            // seconds. Its own evidence, not the dependency's: no other
-            // tenant's failures stop it. (Trouble from failing retries
-            // comes seconds later, when the lane has fallen with the
-            // successes anyway, and a partial outage keeps what its
-            // successes still earn.)
-            let paid = if e.state == HealthState::Trouble && e.surged {
+            // A tenant whose own failures surged out of calm pays no retry
+            // from its lane for a window (`TenantHealth::lane_paused`): the
+            // lane is earned by the successes of the last seconds, which
+            // came before the surge. Its own evidence, not the
+            // dependency's: no other tenant's failures stop it.
+            let paid = if t.health.lane_paused(second) {
                 0.0
             } else {
                 rate

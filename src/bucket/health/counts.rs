@@ -1,5 +1,8 @@
 //! What the rule counts and works within: a second's counts, the limits
-//! of a step, and the fates of granted retries.
+//! of a step, the fates of granted retries, and a tenant's sums over its
+//! window of seconds.
+
+use super::{RECENT_SECONDS, TenantHealth, WINDOW_SECONDS};
 
 /// What one tenant's requests told of a dependency in one second.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,4 +58,66 @@ pub struct Fates {
     pub failed: u32,
     /// Failed in the last few seconds.
     pub failed_recently: u32,
+}
+
+/// The slot of `second` in a tenant's window (the window and the second
+/// under way).
+pub(super) fn slot(second: u64) -> usize {
+    (second % (WINDOW_SECONDS as u64 + 1)) as usize
+}
+
+/// A tenant's sums over its window of seconds.
+impl TenantHealth {
+    /// The requests seen in the window (the tenant's weight).
+    pub fn seen(&self, now: u64) -> u64 {
+        let w = self.window_before(now);
+        u64::from(w.seen)
+    }
+
+    /// Sums of the window's whole seconds before `second`.
+    pub(super) fn window_before(&self, second: u64) -> Second {
+        let mut sum = Second::default();
+        let oldest = second.saturating_sub(WINDOW_SECONDS as u64);
+        for s in oldest..second {
+            if s <= self.newest && self.newest - s <= WINDOW_SECONDS as u64 {
+                sum.add(&self.slots[slot(s)]);
+            }
+        }
+        sum
+    }
+
+    /// The window's sums before `now`, for a dependency's totals.
+    pub fn window(&self, now: u64) -> Second {
+        self.window_before(now)
+    }
+
+    /// This replica's own fates before `now`, for the fleet's sums.
+    pub fn own_fates(&self, now: u64) -> Fates {
+        let window = self.window_before(now);
+        Fates {
+            granted: window.granted,
+            failed: window.retries_failed,
+            failed_recently: self.recent_before(now).retries_failed,
+        }
+    }
+
+    /// Sums of the last [`RECENT_SECONDS`] whole seconds before `second`.
+    pub(super) fn recent_before(&self, second: u64) -> Second {
+        let mut sum = Second::default();
+        for s in second.saturating_sub(RECENT_SECONDS)..second {
+            if s <= self.newest && self.newest - s <= WINDOW_SECONDS as u64 {
+                sum.add(&self.slots[slot(s)]);
+            }
+        }
+        sum
+    }
+
+    /// The last whole second's counts (stepped up to `now`).
+    pub fn last_second(&self, now: u64) -> Second {
+        if self.newest == now && now > 0 {
+            self.slots[slot(now - 1)]
+        } else {
+            Second::default()
+        }
+    }
 }

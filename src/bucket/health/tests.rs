@@ -286,3 +286,21 @@ fn a_cut_holds_growth_and_so_does_a_second_failing_more_than_usual() {
     h.advance(at + HOLD_SECONDS, &LIMITS);
     assert_eq!(h.allowance(), 12.5);
 }
+
+#[test]
+fn a_surge_out_of_calm_pauses_the_lane_and_one_in_a_recovery_does_not() {
+    let mut h = TenantHealth::new(0, 20.0);
+    h.set_successes(200.0);
+    h.count(40, &failures(50), &LIMITS);
+    assert!(h.lane_paused(40), "the first surge, out of calm");
+    assert!(h.lane_paused(40 + WINDOW_SECONDS as u64));
+    assert!(!h.lane_paused(41 + WINDOW_SECONDS as u64), "for a window");
+    // A surge 20 s after that cut, in the swings of a recovery: the lane
+    // keeps paying (the tenant's rate, and its workers' turns, steady).
+    h.count(60, &failures(50), &LIMITS);
+    assert!(h.cut_in(60));
+    assert!(!h.lane_paused(60));
+    // Past the calm, a surge pauses it again.
+    h.count(61 + CALM_SECONDS, &failures(50), &LIMITS);
+    assert!(h.lane_paused(61 + CALM_SECONDS));
+}

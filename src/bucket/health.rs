@@ -273,7 +273,7 @@ impl TenantHealth {
             && self.cut_at != Some(now)
             && self.surge(self.slots[slot(now)].failures, limits)
         {
-            self.begin(now, true);
+            self.note_cut(now, true);
             self.allowance = limits.clamp(self.allowance * CUT);
             self.cut_at = Some(now);
             self.surged = true;
@@ -303,7 +303,7 @@ impl TenantHealth {
     /// Notes a cut at `second`: a surge after at least [`CALM_SECONDS`]
     /// with no cut (out of health, not in the swings of a recovery) pauses
     /// the tenant's own lane.
-    fn begin(&mut self, second: u64, surge: bool) {
+    fn note_cut(&mut self, second: u64, surge: bool) {
         let calm = self
             .cut_at
             .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS);
@@ -397,7 +397,7 @@ impl TenantHealth {
         if surge || failing {
             // A surge seen as it came was cut then (`count`), once a second.
             if self.cut_at != Some(second) {
-                self.begin(second, surge);
+                self.note_cut(second, surge);
                 self.allowance = limits.clamp(self.allowance * CUT);
                 self.cut_at = Some(second);
                 self.surged = surge;

@@ -60,6 +60,31 @@ fn fail_and_ask(
     deps.admit(global, tenant, dependency, &pure(now), now)
 }
 
+/// How many of the failures asked at `times` ([`fail_and_ask`]) got a
+/// retry.
+fn granted_at(
+    deps: &mut Dependencies,
+    global: &mut FairShares,
+    tenant: &str,
+    dependency: &str,
+    retry_failed: bool,
+    times: impl IntoIterator<Item = Duration>,
+) -> usize {
+    times
+        .into_iter()
+        .filter(|&at| {
+            granted(&fail_and_ask(
+                deps,
+                global,
+                tenant,
+                dependency,
+                retry_failed,
+                at,
+            ))
+        })
+        .count()
+}
+
 mod lines;
 mod nesting;
 mod persist;

@@ -14,18 +14,14 @@ fn a_fresh_dependency_grants_its_starting_allowance_at_once() {
     let (mut g, config) = global(100.0);
     let mut deps = dependencies(&config);
     let now = Duration::from_secs(10);
-    let paid = (0..25)
-        .filter(|i| {
-            granted(&fail_and_ask(
-                &mut deps,
-                &mut g,
-                "t",
-                "api",
-                false,
-                now + *i * MS,
-            ))
-        })
-        .count();
+    let paid = granted_at(
+        &mut deps,
+        &mut g,
+        "t",
+        "api",
+        false,
+        (0..25u32).map(|i| now + i * MS),
+    );
     assert_eq!(paid, 20, "the starting allowance: 20 at once, not one");
     let answer = fail_and_ask(&mut deps, &mut g, "t", "api", false, now + 30 * MS);
     let Admission::Deferred { reason, wait, .. } = answer.admission else {
@@ -62,13 +58,8 @@ fn a_surge_of_failures_cuts_within_a_second_and_failing_retries_keep_it_down() {
         api.pace
     );
     // Granted at once in the second after the surge: a cut allowance.
-    let mut paid = 0;
-    for i in 0..90 {
-        let at = Duration::from_secs(16) + i * 10 * MS;
-        paid += u32::from(granted(&fail_and_ask(
-            &mut deps, &mut g, "t", "api", true, at,
-        )));
-    }
+    let times = (0..90u32).map(|i| Duration::from_secs(16) + i * 10 * MS);
+    let paid = granted_at(&mut deps, &mut g, "t", "api", true, times);
     assert!(paid <= 3, "{paid} granted");
 }
 
@@ -120,33 +111,25 @@ fn reported_successes_raise_only_the_reporters_own_retries() {
                 }
             }
         }
-        (0..30)
-            .filter(|i| {
-                granted(&fail_and_ask(
-                    &mut d2,
-                    &mut g2,
-                    "victim",
-                    "payments",
-                    true,
-                    now + *i * MS,
-                ))
-            })
-            .count()
+        granted_at(
+            &mut d2,
+            &mut g2,
+            "victim",
+            "payments",
+            true,
+            (0..30u32).map(|i| now + i * MS),
+        )
     };
     // The attacker claims a billion successes.
     deps.report("attacker", "payments", now, 1_000_000, 1_000_000, 0);
-    let victim = (0..30)
-        .filter(|i| {
-            granted(&fail_and_ask(
-                &mut deps,
-                &mut g,
-                "victim",
-                "payments",
-                true,
-                now + *i * MS,
-            ))
-        })
-        .count();
+    let victim = granted_at(
+        &mut deps,
+        &mut g,
+        "victim",
+        "payments",
+        true,
+        (0..30u32).map(|i| now + i * MS),
+    );
     assert_eq!(victim, victim_alone, "the victim's answers are its own");
     assert!(victim <= 3);
     let attacker = deps.stats_of_tenant("attacker", now);
@@ -256,27 +239,19 @@ fn a_surge_is_paid_at_the_cut_allowance_for_the_rest_of_its_second() {
     // 31 first failures in 100 ms, no evidence before: a surge (over 30),
     // cut to 10 a second at the 31st. The starting allowance's 20 tokens
     // are spent on the first 20.
-    let first = (0..31u32)
-        .filter(|i| {
-            granted(&fail_and_ask(
-                &mut deps,
-                &mut g,
-                "t",
-                "api",
-                false,
-                t0 + *i * 3 * MS,
-            ))
-        })
-        .count();
+    let first = granted_at(
+        &mut deps,
+        &mut g,
+        "t",
+        "api",
+        false,
+        (0..31u32).map(|i| t0 + i * 3 * MS),
+    );
     assert!((20..=22).contains(&first), "{first}");
     // The rest of the second, a failure every 50 ms: paid at the cut
     // allowance (10 a second, the tokens it no longer holds gone), not at
     // the 20 a second the surge has just disproved.
-    let rest = (0..18u32)
-        .filter(|i| {
-            let at = t0 + 100 * MS + (*i + 1) * 50 * MS;
-            granted(&fail_and_ask(&mut deps, &mut g, "t", "api", false, at))
-        })
-        .count();
+    let times = (1..=18u32).map(|i| t0 + 100 * MS + i * 50 * MS);
+    let rest = granted_at(&mut deps, &mut g, "t", "api", false, times);
     assert!(rest <= 10, "{rest} granted after the cut");
 }

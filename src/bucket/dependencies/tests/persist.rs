@@ -25,18 +25,14 @@ fn the_pace_survives_a_snapshot_and_restore() {
     let mut restarted = dependencies(&config);
     let t1 = Duration::from_secs(3);
     restarted.restore(&records, t1);
-    let down = (0..50)
-        .filter(|i| {
-            granted(&fail_and_ask(
-                &mut restarted,
-                &mut g2,
-                "t",
-                "down",
-                true,
-                t1 + *i * MS,
-            ))
-        })
-        .count();
+    let down = granted_at(
+        &mut restarted,
+        &mut g2,
+        "t",
+        "down",
+        true,
+        (0..50u32).map(|i| t1 + i * MS),
+    );
     assert!(down <= 4, "{down} of 50 retried where it was in trouble");
     let (mut g3, _) = global(1000.0);
     let mut restarted = dependencies(&BucketConfig {
@@ -47,18 +43,14 @@ fn the_pace_survives_a_snapshot_and_restore() {
     restarted.restore(&records, t1);
     // Asked 20 s after the start, no report since: a replica waits for its
     // first grant, and its workers' reports may come later still.
-    let busy = (0..50)
-        .filter(|i| {
-            granted(&fail_and_ask(
-                &mut restarted,
-                &mut g3,
-                "t",
-                "busy",
-                false,
-                t1 + 20 * S + *i * MS,
-            ))
-        })
-        .count();
+    let busy = granted_at(
+        &mut restarted,
+        &mut g3,
+        "t",
+        "busy",
+        false,
+        (0..50u32).map(|i| t1 + 20 * S + i * MS),
+    );
     assert!(
         busy >= 45,
         "{busy} of 50 retried where it was paced at 200 a second"

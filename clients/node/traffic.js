@@ -3,8 +3,8 @@
 //
 // The service paces each dependency's retries by what it sees of it (the
 // failures it is asked about with every NextAction, and whether the retries
-// it grants fail): 20 retries a second to start with, cut by half a second
-// in trouble, never below a floor of probes, grown back while retries do
+// it grants fail): 20 retries a second to start with, cut to a floor of
+// probes in trouble (spaced out while it lasts), grown back while retries do
 // not fail. The successes a worker reports add to that, for its tenant
 // alone: a tenth of them a second (`ReportTraffic` in the proto). Failures
 // reach the service on their own; successes do not. A worker that never

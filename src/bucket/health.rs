@@ -17,7 +17,10 @@
 //!   bound).
 //!
 //! # The rule (one step a second, on the second just ended)
-//! - **Trouble** cuts the allowance by half, never below the floor:
+//! - **Trouble** cuts the allowance: out of calm (no cut in the
+//!   [`CALM_SECONDS`] before) to the floor at once, else by half, down past
+//!   the floor to [`PROBE_BACKOFF`] times under it while it lasts (see
+//!   `TenantHealth::cut`):
 //!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
 //!     average over about [`BASELINE_SECONDS`]) and than twice
@@ -116,6 +119,14 @@ pub const IN_USE_SHARE: f64 = 0.5;
 pub const RECOVERED_WITHIN: f64 = 1.0;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
+/// Trouble that lasts past the floor keeps halving the allowance, down to
+/// the floor over this: the probes a failing dependency is sent space out
+/// from one every second to one every 8 (at the default floor). A probe
+/// that fails says again what the last one said, and during an overload's
+/// drain each adds to the queue the dependency drains at its spare capacity
+/// alone; a recovery is seen by its fresh calls' failures stopping, not only
+/// by a probe.
+pub const PROBE_BACKOFF: f64 = 8.0;
 /// Seconds with no cut after which a surge is out of calm (the recent
 /// failure rate's own span): it pauses the tenant's own lane
 /// ([`TenantHealth::lane_paused`]).
@@ -273,10 +284,7 @@ impl TenantHealth {
             && self.cut_at != Some(now)
             && self.surge(self.slots[slot(now)].failures, limits)
         {
-            self.note_cut(now, true);
-            self.allowance = limits.clamp(self.allowance * CUT);
-            self.cut_at = Some(now);
-            self.surged = true;
+            self.cut(now, true, limits);
         }
     }
 
@@ -300,16 +308,27 @@ impl TenantHealth {
         }
     }
 
-    /// Notes a cut at `second`: a surge after at least [`CALM_SECONDS`]
-    /// with no cut (out of health, not in the swings of a recovery) pauses
-    /// the tenant's own lane.
-    fn note_cut(&mut self, second: u64, surge: bool) {
+    /// Cuts the allowance at `second`. Trouble out of calm (no cut in the
+    /// [`CALM_SECONDS`] before, not the swings of a recovery) cuts to the
+    /// floor: what halving would leave in the next seconds (a half, a
+    /// quarter, an eighth) all runs into the overload's queue, which the
+    /// dependency drains at its spare capacity alone. A surge out of calm
+    /// also pauses the tenant's own lane. Any other cut halves, down past
+    /// the floor to [`PROBE_BACKOFF`] times under it.
+    fn cut(&mut self, second: u64, surge: bool, limits: &Limits) {
         let calm = self
             .cut_at
             .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS);
         if surge && calm {
             self.surge_began = Some(second);
         }
+        self.allowance = if calm {
+            limits.floor
+        } else {
+            limits.clamp_low(self.allowance * CUT)
+        };
+        self.cut_at = Some(second);
+        self.surged = surge;
     }
 
     /// Whether the tenant's own lane pauses at `now`: for the window after
@@ -397,10 +416,7 @@ impl TenantHealth {
         if surge || failing {
             // A surge seen as it came was cut then (`count`), once a second.
             if self.cut_at != Some(second) {
-                self.note_cut(second, surge);
-                self.allowance = limits.clamp(self.allowance * CUT);
-                self.cut_at = Some(second);
-                self.surged = surge;
+                self.cut(second, surge, limits);
             }
         } else if just.deferred > 0 && may_grow {
             self.allowance = limits.clamp(grow(self.allowance));
@@ -412,7 +428,7 @@ impl TenantHealth {
         {
             self.allowance = limits.clamp((self.allowance * DECAY).max(self.rest(limits)));
         } else {
-            self.allowance = limits.clamp(self.allowance);
+            self.allowance = limits.clamp_low(self.allowance);
         }
         self.baseline += (f64::from(just.failures) - self.baseline) / BASELINE_SECONDS;
     }

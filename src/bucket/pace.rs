@@ -6,7 +6,8 @@
 //! - **What the service sees** sets the dependency's allowance, shared by
 //!   its tenants: the failures it is asked about and the fate of the
 //!   retries it grants (`super::health`). It starts at `initial` with no
-//!   evidence, is cut by trouble down to `floor`, and grows while granted
+//!   evidence, is cut by trouble to `floor` (and below, as probes space
+//!   out while it lasts), and grows while granted
 //!   retries do not fail, up to `ceiling` or the global rate. A
 //!   configuration may instead pin a static `rate`.
 //! - **What a tenant reports** adds to that tenant alone: `ratio` of the
@@ -25,7 +26,8 @@ use crate::budget::token::{Evidence, Pace};
 /// Default share of a tenant's reported successes it may retry on top of
 /// the dependency's allowance.
 pub const DEFAULT_RATIO: f64 = 0.1;
-/// Default floor, retries a second: one probe a second, fleet-wide.
+/// Default floor, retries a second: where trouble cuts a dependency to, one
+/// probe a second fleet-wide (spaced out to one every 8 s while it lasts).
 pub const DEFAULT_FLOOR: f64 = 1.0;
 /// Default starting allowance, retries a second, of a dependency nothing
 /// is known of: enough for a burst of first failures to be retried at
@@ -55,7 +57,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(300);
 /// ```toml
 /// [dependencies]
 /// initial = 20.0    # retries a second with no evidence yet
-/// floor = 1.0       # retries a second always allowed (probes)
+/// floor = 1.0       # retries a second trouble cuts to (probes)
 /// # ceiling = 50.0  # never more than this (default: only the global rate)
 /// # rate = 20.0     # pins a static rate instead of the adaptive rule
 /// ratio = 0.1       # a tenant's own extra: retries per reported success

@@ -294,14 +294,15 @@ async fn a_failing_dependency_is_cut_grows_back_and_never_defers_a_healthy_one()
         "the starting allowance: {:?}",
         seconds[0]
     );
-    // Down: halved each second of trouble, from its starting 20 a second
-    // down to a few by its fourth.
+    // Down: cut from its starting 20 a second to the floor (1) at its first
+    // surge, out of calm, then halved each second the trouble lasts, its
+    // probes spaced out to one every 8 s (0.125 a second).
     for s in &seconds[4..(BACK / 10) as usize] {
         assert!(s.a_allowed <= 2.0, "cut: {s:?}");
         assert!(s.a.paid <= 4, "a few probes: {s:?}");
     }
     assert!(
-        reason_while_down.contains("a: 1 retries/s allowed:"),
+        reason_while_down.contains("a: 0.125 retries/s allowed:"),
         "{reason_while_down}"
     );
     // Back: its probes stop failing and, once the hold after its last cut

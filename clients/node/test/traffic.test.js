@@ -207,9 +207,10 @@ const POLICY = { max_attempts: 100, deadline_seconds: 600, base: 0, cap: 0 };
 // Both start at the starting allowance (20 retries a second). "up" fails
 // 5 calls a second and its granted retries succeed: it is never cut, so
 // none of its retries waits, from the first second. "down" fails every
-// call: its granted retries fail, and each second of that cuts its
-// allowance by half, 20 to the floor of 1 in about 6 s (WARMUP_MS); then
-// it is measured. Reports four times a second keep "up"'s earned lane
+// call: its granted retries fail, which cuts its allowance to the floor of 1
+// at once (trouble out of calm), and each further second of it by half,
+// the probes spaced out to one every 8 s, within WARMUP_MS; then it is
+// measured. Reports four times a second keep "up"'s earned lane
 // within a second of its calls.
 const REPORT_EVERY_MS = 250;
 const WARMUP_MS = 6000;
@@ -320,7 +321,7 @@ test('a failing dependency is cut to its floor and a healthy one is not', { time
   assert.match(u.explanation, /retries granted in the last 10 s failed; [\d.]+ more for this tenant \(10% of its/);
 
   // "down" has no success and every retry it is granted fails: it is cut
-  // by half a second, to its floor once warmed up, and each deferral says
+  // to its floor and below it (its probes spaced out) once warmed up, and each deferral says
   // whose budget ran out, in numbers. A durable deferral holds its place in
   // line (waiting_since), and is never put off past the longest deferral.
   const down = answers.filter((a) => a.dependency === 'down');
@@ -328,8 +329,7 @@ test('a failing dependency is cut to its floor and a healthy one is not', { time
   const deferred = measured.filter((d) => d.code === 'deferred');
   const granted = measured.filter((d) => d.code === 'schedule_retry');
   assert.ok(deferred.length > 0, summary);
-  assert.ok(granted.length >= 1, summary);
-  // One a second at the floor, a token of burst, and a second's margin.
+  // One a second at most (the floor), a token of burst, and a second's margin.
   assert.ok(granted.length <= FLOOR * (MEASURE_MS / 1000) + 2, summary);
   for (const d of deferred) {
     assert.equal(d.dependency, 'down');
@@ -343,9 +343,12 @@ test('a failing dependency is cut to its floor and a healthy one is not', { time
   const dn = seen.get('down');
   assert.equal(dn.state, 'trouble', pace(dn));
   assert.equal(dn.rule, dn.state);
-  assert.equal(dn.allowed_rate, FLOOR, pace(dn));
+  // Near its floor: below it while its spaced-out probes fail, or a step or
+  // two of growth above it between two of them (the hold is over, and the
+  // few calls of three activities do not hold growth back).
+  assert.ok(dn.allowed_rate >= FLOOR / 8 && dn.allowed_rate <= 2.5, pace(dn));
   assert.ok(dn.window_retries_failed >= 3 && 2 * dn.window_retries_failed >= dn.window_retries_granted, pace(dn));
-  assert.match(dn.explanation, /^1 retries\/s allowed: \d+ of the \d+ retries granted in the last 10 s failed$/);
+  assert.match(dn.explanation, /^[\d.]+ retries\/s allowed: \d+ of the \d+ retries granted in the last 10 s failed$/);
   assert.equal(dn.earned_rate, 0);
   assert.equal(dn.successes, 0n);
   assert.equal(dn.failures, dn.calls);

@@ -2,7 +2,8 @@
 //! of a step, the fates of granted retries, and a tenant's sums over its
 //! window of seconds.
 
-use super::{RECENT_SECONDS, TenantHealth, WINDOW_SECONDS};
+use super::{PROBE_BACKOFF, RECENT_SECONDS, TenantHealth, WINDOW_SECONDS};
+use crate::bucket::config::MIN_RATE;
 
 /// What one tenant's requests told of a dependency in one second.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,6 +46,13 @@ pub struct Limits {
 impl Limits {
     pub(super) fn clamp(&self, rate: f64) -> f64 {
         rate.min(self.cap).max(self.floor)
+    }
+
+    /// Within the cap, and no lower than the floor's probes spaced out by
+    /// [`PROBE_BACKOFF`]: where a trouble that lasts takes the allowance.
+    pub(super) fn clamp_low(&self, rate: f64) -> f64 {
+        let lowest = (self.floor / PROBE_BACKOFF).max(MIN_RATE).min(self.floor);
+        rate.min(self.cap).max(lowest)
     }
 }
 

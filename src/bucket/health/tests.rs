@@ -33,7 +33,7 @@ fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
     assert_eq!(h.allowance(), 20.0, "one failure a second is no surge");
     h.count(10, &failures(90), &LIMITS);
     h.advance(11, &LIMITS);
-    assert_eq!(h.allowance(), 10.0, "cut at the first step after it");
+    assert_eq!(h.allowance(), 1.0, "out of calm: to the floor at once");
     let e = h.evidence(11, &LIMITS);
     assert_eq!(e.state, HealthState::Trouble);
     assert!(
@@ -44,7 +44,11 @@ fn a_surge_cuts_within_a_second_and_keeps_cutting_while_it_lasts() {
         h.count(s, &failures(90), &LIMITS);
     }
     h.advance(15, &LIMITS);
-    assert_eq!(h.allowance(), 1.0, "at the floor: 10, 5, 2.5, 1.25, 1");
+    assert_eq!(
+        h.allowance(),
+        LIMITS.floor / PROBE_BACKOFF,
+        "while it lasts, halved past the floor: 0.5, 0.25, 0.125, no lower"
+    );
 }
 
 #[test]
@@ -58,12 +62,12 @@ fn a_tenant_that_reports_its_successes_is_cut_by_a_surge_its_traffic_does_not_ex
     reports.set_successes(50.0);
     let mut silent = TenantHealth::new(0, 20.0);
     reports.count(10, &failures(11), &LIMITS);
-    assert_eq!(reports.allowance(), 10.0, "cut within the second");
+    assert_eq!(reports.allowance(), 1.0, "cut within the second");
     silent.count(10, &failures(11), &LIMITS);
     silent.count(10, &failures(19), &LIMITS);
     assert_eq!(silent.allowance(), 20.0, "30 first failures are no surge");
     silent.count(10, &failures(1), &LIMITS);
-    assert_eq!(silent.allowance(), 10.0, "the 31st is");
+    assert_eq!(silent.allowance(), 1.0, "the 31st is");
 }
 
 #[test]
@@ -99,7 +103,7 @@ fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
         );
     }
     h.advance(20, &LIMITS);
-    assert_eq!(h.allowance(), 1.0);
+    assert_eq!(h.allowance(), LIMITS.floor / PROBE_BACKOFF);
     let e = h.evidence(20, &LIMITS);
     assert_eq!(e.state, HealthState::Trouble);
     assert_eq!(
@@ -249,11 +253,11 @@ fn a_surge_is_cut_within_its_own_second() {
     }
     assert_eq!(h.allowance(), 20.0);
     h.count(10, &failures(1), &LIMITS);
-    assert_eq!(h.allowance(), 10.0);
+    assert_eq!(h.allowance(), 1.0);
     // Once a second: the rest of it does not cut again, nor does its end.
     h.count(10, &failures(30), &LIMITS);
     h.advance(11, &LIMITS);
-    assert_eq!(h.allowance(), 10.0);
+    assert_eq!(h.allowance(), 1.0);
 }
 
 #[test]
@@ -264,17 +268,17 @@ fn a_cut_holds_growth_and_so_does_a_second_failing_more_than_usual() {
     };
     let mut h = TenantHealth::new(0, 20.0);
     h.count(10, &failures(50), &LIMITS);
-    assert_eq!(h.allowance(), 10.0);
+    assert_eq!(h.allowance(), 1.0);
     // Deferred and no retry failing: no growth within the hold.
     for s in 11..10 + HOLD_SECONDS {
         h.count(s, &deferred, &LIMITS);
     }
     h.advance(10 + HOLD_SECONDS, &LIMITS);
-    assert_eq!(h.allowance(), 10.0);
-    // Then it grows...
+    assert_eq!(h.allowance(), 1.0);
+    // Then it grows (by a quarter, at least one a second)...
     h.count(10 + HOLD_SECONDS, &deferred, &LIMITS);
     h.advance(11 + HOLD_SECONDS, &LIMITS);
-    assert_eq!(h.allowance(), 12.5);
+    assert_eq!(h.allowance(), 2.0);
     // ...until a second with a few failures, well above the tenant's
     // usual rate though no surge, holds it again.
     let at = 11 + HOLD_SECONDS;
@@ -284,7 +288,7 @@ fn a_cut_holds_growth_and_so_does_a_second_failing_more_than_usual() {
         h.count(s, &deferred, &LIMITS);
     }
     h.advance(at + HOLD_SECONDS, &LIMITS);
-    assert_eq!(h.allowance(), 12.5);
+    assert_eq!(h.allowance(), 2.0);
 }
 
 #[test]
@@ -303,4 +307,39 @@ fn a_surge_out_of_calm_pauses_the_lane_and_one_in_a_recovery_does_not() {
     // Past the calm, a surge pauses it again.
     h.count(61 + CALM_SECONDS, &failures(50), &LIMITS);
     assert!(h.lane_paused(61 + CALM_SECONDS));
+}
+
+#[test]
+fn trouble_out_of_calm_cuts_to_the_floor_and_in_a_recovery_by_half() {
+    // Grown to 40, then a surge out of calm: to the floor at once. Grown
+    // back to 16 within 30 s of that cut, failing retries (the swings of
+    // a recovery) halve it; past the calm, failing retries alone cut to
+    // the floor again.
+    let mut h = TenantHealth::new(0, 40.0);
+    h.count(1, &failures(1), &LIMITS);
+    h.count(10, &failures(50), &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.floor);
+    let retries = |granted, retries_failed| Second {
+        granted,
+        retries_failed,
+        deferred: 5,
+        ..Second::default()
+    };
+    for s in 11..24 {
+        h.count(s, &retries(2, 0), &LIMITS);
+    }
+    h.advance(24, &LIMITS);
+    let grown = h.allowance();
+    assert!(grown > 10.0, "{grown}");
+    h.count(24, &retries(20, 20), &LIMITS);
+    h.advance(25, &LIMITS);
+    assert_eq!(h.allowance(), grown * CUT, "in a recovery: by half");
+    for s in 25..70 {
+        h.count(s, &retries(2, 0), &LIMITS);
+    }
+    h.advance(70, &LIMITS);
+    assert!(h.allowance() > 10.0, "{}", h.allowance());
+    h.count(70, &retries(20, 20), &LIMITS);
+    h.advance(71, &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.floor, "out of calm again");
 }

@@ -132,16 +132,15 @@ impl Dependencies {
         te.add_successes(now, 1, config.window);
         te.counters.report(0, 1, 0);
         e.counters.report(0, 1, 0);
-        if known {
-            te.health.count(
-                second,
-                &Second {
-                    seen: 1,
-                    ..Second::default()
-                },
-                &limits,
-            );
-        }
+        te.health.count(
+            second,
+            &Second {
+                seen: u32::from(known),
+                successes: 1,
+                ..Second::default()
+            },
+            &limits,
+        );
     }
 
     /// Counts a worker's calls to `dependency` since its last report (its
@@ -163,6 +162,14 @@ impl Dependencies {
         let e = &mut self.entries[i];
         let t = e.tenant(tenant, second, &config, &limits);
         e.tenants[t].add_successes(now, successes, config.window);
+        e.tenants[t].health.count(
+            second,
+            &Second {
+                successes: u32::try_from(successes).unwrap_or(u32::MAX),
+                ..Second::default()
+            },
+            &limits,
+        );
         e.tenants[t].counters.report(calls, successes, failures);
         e.counters.report(calls, successes, failures);
         e.paced_at = None;

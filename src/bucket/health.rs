@@ -276,21 +276,22 @@ impl TenantHealth {
     /// rest of the second would grant add to the overload.
     pub fn count(&mut self, now: u64, what: &Second, limits: &Limits) {
         self.advance(now, limits);
-        if what.failures > 0 || what.seen > 0 || what.granted > 0 {
+        if what.failures > 0 || what.seen > 0 || what.granted > 0 || what.successes > 0 {
             self.seen_any = true;
         }
         self.slots[slot(now)].add(what);
         if what.failures > 0
             && self.cut_at != Some(now)
-            && self.surge(self.slots[slot(now)].failures, limits)
+            && self.surge(&self.slots[slot(now)], limits)
         {
             self.cut(now, true, limits);
         }
     }
 
-    /// Whether `failures` fresh failures in a second are a surge.
-    fn surge(&self, failures: u32, limits: &Limits) -> bool {
-        failures >= SURGE_MIN && f64::from(failures) > self.surge_above(limits)
+    /// Whether a second's fresh failures are a surge.
+    fn surge(&self, second: &Second, limits: &Limits) -> bool {
+        second.failures >= SURGE_MIN
+            && f64::from(second.failures) > self.surge_above(second.successes, limits)
     }
 
     /// The fresh failures a second above which a second is a surge:
@@ -299,9 +300,12 @@ impl TenantHealth {
     /// calls is not in a surge). With no successes told, no traffic to
     /// measure against: at least [`SILENT_SURGE_FACTOR`] times the starting
     /// allowance (20 first failures with no evidence are all retried).
-    fn surge_above(&self, limits: &Limits) -> f64 {
-        let explained = SURGE_FACTOR * self.baseline.max(SURGE_SHARE * self.successes);
-        if self.successes > 0.0 {
+    /// The successes are the tenant's rate, or the second's own
+    /// (`successes_now`) when more: a burst of calls is no surge.
+    fn surge_above(&self, successes_now: u32, limits: &Limits) -> f64 {
+        let successes = self.successes.max(f64::from(successes_now));
+        let explained = SURGE_FACTOR * self.baseline.max(SURGE_SHARE * successes);
+        if successes > 0.0 {
             explained
         } else {
             explained.max(SILENT_SURGE_FACTOR * limits.initial)
@@ -384,7 +388,7 @@ impl TenantHealth {
     fn step(&mut self, second: u64, limits: &Limits) {
         let just = self.slots[slot(second)];
         let window = self.window_before(second + 1);
-        let surge = self.surge(just.failures, limits);
+        let surge = self.surge(&just, limits);
         let recent = self.recent_before(second + 1);
         let fates = self.fates.unwrap_or(Fates {
             granted: window.granted,

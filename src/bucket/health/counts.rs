@@ -19,6 +19,10 @@ pub struct Second {
     pub retries_failed: u32,
     /// Retries the dependency's budget deferred.
     pub deferred: u32,
+    /// Successes the tenant recorded or reported in the second: a burst of
+    /// its calls brings its failures and its successes together, before
+    /// the success rate (a window of seconds) has counted them.
+    pub successes: u32,
 }
 
 impl Second {
@@ -28,6 +32,7 @@ impl Second {
         self.granted = self.granted.saturating_add(other.granted);
         self.retries_failed = self.retries_failed.saturating_add(other.retries_failed);
         self.deferred = self.deferred.saturating_add(other.deferred);
+        self.successes = self.successes.saturating_add(other.successes);
     }
 }
 

@@ -98,6 +98,7 @@ fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
                 granted: 2,
                 retries_failed: 2,
                 deferred: 3,
+                successes: 0,
             },
             &LIMITS,
         );
@@ -121,6 +122,7 @@ fn failing_retries_cut_and_retries_that_succeed_let_it_grow_back() {
                 granted: 1,
                 retries_failed: 0,
                 deferred: 5,
+                successes: 0,
             },
             &LIMITS,
         );
@@ -143,6 +145,7 @@ fn a_flaky_dependency_is_not_trouble() {
                 granted: 13,
                 retries_failed: u32::from(s % 10 == 0) * 13,
                 deferred: u32::from(s % 3 == 0),
+                successes: 0,
             },
             &LIMITS,
         );
@@ -342,4 +345,26 @@ fn trouble_out_of_calm_cuts_to_the_floor_and_in_a_recovery_by_half() {
     h.count(70, &retries(20, 20), &LIMITS);
     h.advance(71, &LIMITS);
     assert_eq!(h.allowance(), LIMITS.floor, "out of calm again");
+}
+
+#[test]
+fn a_burst_of_calls_is_no_surge_when_their_successes_come_with_it() {
+    // 50 successes a second told: 30 failures in a second are a surge,
+    // unless the same second also brought 300 successes (a burst of the
+    // tenant's calls, three times its rate, failing as usual).
+    let successes = |n| Second {
+        successes: n,
+        ..Second::default()
+    };
+    let mut burst = TenantHealth::new(0, 20.0);
+    burst.set_successes(50.0);
+    burst.count(10, &successes(300), &LIMITS);
+    burst.count(10, &failures(30), &LIMITS);
+    burst.advance(11, &LIMITS);
+    assert_eq!(burst.allowance(), 20.0, "no cut");
+    let mut overload = TenantHealth::new(0, 20.0);
+    overload.set_successes(50.0);
+    overload.count(10, &successes(20), &LIMITS);
+    overload.count(10, &failures(30), &LIMITS);
+    assert_eq!(overload.allowance(), LIMITS.floor, "cut");
 }

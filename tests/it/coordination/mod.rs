@@ -529,16 +529,20 @@ async fn a_replica_that_loses_the_database_keeps_its_grant_until_its_lease_lapse
     )
     .await;
     // The database back: the cut-off replica takes its lease again (the
-    // same epoch: its row lapsed but was kept) and the two share again.
+    // same epoch: its row lapsed but was kept) and the two share again,
+    // with an interval that committed cleanly (two replicas catching up
+    // at once may spend one interval's retries on serialization failures
+    // on a loaded machine: that interval reports its error, the next
+    // commits).
     proxy.restore();
     let back = wait_for("granted again", INTERVAL * 25, || {
-        sharing(&state.borrow()) && sharing(&other_state.borrow())
+        let mine = state.borrow();
+        sharing(&mine) && mine.last_error.is_none() && sharing(&other_state.borrow())
     })
     .await;
     let again = state.borrow().clone();
     eprintln!("granted again {back:?} after the restore: {again}");
     assert_eq!(again.epoch, fallback.epoch, "{again}");
-    assert!(again.last_error.is_none(), "{again}");
     wait_for("the rates within the global rate", INTERVAL * 10, || {
         bc.rate() + bo.rate() <= RATE * 1.001 && bc.rate() > 0.0
     })

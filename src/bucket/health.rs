@@ -119,13 +119,11 @@ pub const IN_USE_SHARE: f64 = 0.5;
 pub const RECOVERED_WITHIN: f64 = 1.0;
 /// The cut of one second of trouble.
 pub const CUT: f64 = 0.5;
-/// Trouble that lasts past the floor keeps halving the allowance, down to
-/// the floor over this: the probes a failing dependency is sent space out
-/// from one every second to one every 8 (at the default floor). A probe
-/// that fails says again what the last one said, and during an overload's
-/// drain each adds to the queue the dependency drains at its spare capacity
-/// alone; a recovery is seen by its fresh calls' failures stopping, not only
-/// by a probe.
+/// Trouble that lasts keeps halving the allowance past the floor, down to
+/// the floor over this: a failing dependency's probes space out from one a
+/// second to one every 8 (default floor). A failing probe repeats the last
+/// one's news, and in an overload's drain adds to the queue the spare
+/// capacity alone drains; a recovery shows in fresh calls failing less.
 pub const PROBE_BACKOFF: f64 = 8.0;
 /// Seconds with no cut after which a surge is out of calm (the recent
 /// failure rate's own span): it pauses the tenant's own lane
@@ -295,13 +293,11 @@ impl TenantHealth {
     }
 
     /// The fresh failures a second above which a second is a surge:
-    /// [`SURGE_FACTOR`] times what the tenant's recent rate and its
-    /// reported successes explain (a flaky dependency failing a tenth of its
-    /// calls is not in a surge). With no successes told, no traffic to
-    /// measure against: at least [`SILENT_SURGE_FACTOR`] times the starting
-    /// allowance (20 first failures with no evidence are all retried).
-    /// The successes are the tenant's rate, or the second's own
-    /// (`successes_now`) when more: a burst of calls is no surge.
+    /// [`SURGE_FACTOR`] times what the tenant's recent rate and its reported
+    /// successes (its rate, or the second's own, `successes_now`, when more:
+    /// a burst of calls is no surge) explain. With no successes told: at
+    /// least [`SILENT_SURGE_FACTOR`] times the starting allowance (20 first
+    /// failures with no evidence are all retried).
     fn surge_above(&self, successes_now: u32, limits: &Limits) -> f64 {
         let successes = self.successes.max(f64::from(successes_now));
         let explained = SURGE_FACTOR * self.baseline.max(SURGE_SHARE * successes);

@@ -99,6 +99,7 @@ async fn run() -> ExitCode {
             }
         };
     }
+    let shutdown = shutdown_signal();
     let addr = config.server.listen;
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => listener,
@@ -108,7 +109,7 @@ async fn run() -> ExitCode {
         }
     };
     let reloads = reload_on_sighup(serve);
-    match retry_budget::server::run_reloading(listener, config, shutdown_signal(), reloads).await {
+    match retry_budget::server::run_reloading(listener, config, shutdown, reloads).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -155,29 +156,44 @@ fn reload_on_sighup(
 }
 
 /// Resolves on SIGTERM (how orchestrators stop a process) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+///
+/// The handlers are installed here, before the listener is bound, and not
+/// when the future is first polled: a connection task may answer a health
+/// check SERVING before the serve loop polls its shutdown, and a SIGTERM in
+/// that window would kill the process undrained.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        let listen = |kind: SignalKind, name: &'static str| -> Option<Signal> {
+            signal(kind)
+                .inspect_err(|error| tracing::error!(%error, "cannot listen for {name}"))
+                .ok()
+        };
+        let mut term = listen(SignalKind::terminate(), "SIGTERM");
+        let mut interrupt = listen(SignalKind::interrupt(), "Ctrl-C");
+        async move {
+            tokio::select! {
+                () = received(interrupt.as_mut()) => tracing::info!("Ctrl-C received"),
+                () = received(term.as_mut()) => tracing::info!("SIGTERM received"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if let Err(error) = tokio::signal::ctrl_c().await {
             tracing::error!(%error, "cannot listen for Ctrl-C");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C received"),
-        () = term => tracing::info!("SIGTERM received"),
+        tracing::info!("Ctrl-C received");
+    }
+}
+
+/// The next `signal`, or never when it could not be listened for.
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => drop(signal.recv().await),
+        None => std::future::pending().await,
     }
 }

@@ -18,7 +18,8 @@
 //!
 //! # The rule (one step a second, on the second just ended)
 //! - **Trouble** cuts the allowance: out of calm (no cut in the
-//!   [`CALM_SECONDS`] before) to the floor at once, else by half, down past
+//!   [`CALM_SECONDS`] before, no recovery's backlog being released) to the
+//!   floor at once, else by half, down past
 //!   the floor to [`PROBE_BACKOFF`] times under it while it lasts (see
 //!   `TenantHealth::cut`):
 //!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
@@ -32,7 +33,8 @@
 //!     in the window, at least half of those granted, and some within the
 //!     last [`RECENT_SECONDS`].
 //! - **Health** grows it: while granted retries do not fail (or none were
-//!   granted: no evidence), by [`GROWTH`] a second, up to the cap (the
+//!   granted: no evidence), by [`GROWTH`] a second (by adding, past half
+//!   of where the last recovery overloaded: `growth`), up to the cap (the
 //!   global rate, or the dependency's ceiling) while the allowance bound,
 //!   else up to the starting allowance; never within [`HOLD_SECONDS`] of a
 //!   cut, nor of a second with at least [`ELEVATED_MIN`] fresh failures and
@@ -68,7 +70,9 @@
 
 pub use crate::budget::token::{Evidence, HealthState};
 use counts::slot;
-pub use counts::{Fates, Limits, Second};
+pub use counts::{Fates, Limits, Second, blend};
+pub use growth::{ADDITIVE_SHARE, GROWTH};
+use growth::{grow, threshold_of};
 
 /// Seconds of evidence the rule reads (whole seconds, the one under way
 /// left out).
@@ -104,8 +108,6 @@ pub const MIN_FATES: u32 = 3;
 /// Seconds in which a failed retry still counts as lately: the trouble
 /// lasts while retries fail within them.
 pub const RECENT_SECONDS: u64 = 3;
-/// The allowance's growth a second while retries do not fail.
-pub const GROWTH: f64 = 1.25;
 /// The allowance's decay a second, towards the resting allowance, while
 /// it is unused.
 pub const DECAY: f64 = 0.9;
@@ -125,8 +127,9 @@ pub const CUT: f64 = 0.5;
 /// one's news, and in an overload's drain adds to the queue the spare
 /// capacity alone drains; a recovery shows in fresh calls failing less.
 pub const PROBE_BACKOFF: f64 = 8.0;
-/// Seconds with no cut after which a surge is out of calm (the recent
-/// failure rate's own span): it pauses the tenant's own lane
+/// Seconds with no cut after which trouble is out of calm (the recent
+/// failure rate's own span), unless a recovery's backlog is still being
+/// released (`growth`): a surge out of calm pauses the tenant's own lane
 /// ([`TenantHealth::lane_paused`]).
 pub const CALM_SECONDS: u64 = BASELINE_SECONDS as u64;
 /// Seconds after a cut (or a second failing well above the usual) in which
@@ -153,6 +156,8 @@ pub struct TenantHealth {
     allowance: f64,
     /// The second of the last cut.
     cut_at: Option<u64>,
+    /// Where growth turns from multiplying to adding (`growth`).
+    threshold: Option<f64>,
     /// The last second whose fresh failures were well above the recent
     /// rate (at least [`ELEVATED_MIN`], more than [`ELEVATED_FACTOR`] times
     /// it): growth holds for [`HOLD_SECONDS`] after it.
@@ -185,6 +190,7 @@ impl TenantHealth {
             baseline: 0.0,
             allowance,
             cut_at: None,
+            threshold: None,
             elevated_at: None,
             surged: false,
             surge_began: None,
@@ -309,18 +315,24 @@ impl TenantHealth {
     }
 
     /// Cuts the allowance at `second`. Trouble out of calm (no cut in the
-    /// [`CALM_SECONDS`] before, not the swings of a recovery) cuts to the
-    /// floor: what halving would leave in the next seconds (a half, a
+    /// [`CALM_SECONDS`] before, and no threshold learnt: not the swings of
+    /// a recovery, however long each takes) cuts to the floor: what halving would leave in the next seconds (a half, a
     /// quarter, an eighth) all runs into the overload's queue, which the
     /// dependency drains at its spare capacity alone. A surge out of calm
     /// also pauses the tenant's own lane. Any other cut halves, down past
     /// the floor to [`PROBE_BACKOFF`] times under it.
     fn cut(&mut self, second: u64, surge: bool, limits: &Limits) {
-        let calm = self
-            .cut_at
-            .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS);
+        let calm = self.threshold.is_none()
+            && self
+                .cut_at
+                .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS);
         if surge && calm {
             self.surge_began = Some(second);
+        }
+        if !calm && !self.held(second) {
+            // The first cut after growth: the overload the retries made.
+            let threshold = threshold_of(self.allowance, self.rest(limits));
+            self.threshold = threshold.or(self.threshold);
         }
         self.allowance = if calm {
             limits.floor
@@ -413,15 +425,20 @@ impl TenantHealth {
             .elevated_at
             .is_some_and(|at| second.saturating_sub(at) < HOLD_SECONDS);
         let may_grow = retries_ok && !self.held(second) && !elevated;
+        if window.deferred == 0 && self.cut_at.is_none_or(|at| second - at > CALM_SECONDS) {
+            // The recovery is over: its backlog released, calm since.
+            self.threshold = None;
+        }
         if surge || failing {
             // A surge seen as it came was cut then (`count`), once a second.
             if self.cut_at != Some(second) {
                 self.cut(second, surge, limits);
             }
         } else if just.deferred > 0 && may_grow {
-            self.allowance = limits.clamp(grow(self.allowance));
+            self.allowance = limits.clamp(grow(self.allowance, self.threshold));
         } else if self.allowance < self.rest(limits) && may_grow {
-            self.allowance = limits.clamp(grow(self.allowance).min(self.rest(limits)));
+            let grown = grow(self.allowance, self.threshold);
+            self.allowance = limits.clamp(grown.min(self.rest(limits)));
         } else if window.deferred == 0
             && self.allowance > self.rest(limits)
             && f64::from(just.granted) < IN_USE_SHARE * self.allowance
@@ -469,32 +486,9 @@ impl TenantHealth {
     }
 }
 
-fn grow(allowance: f64) -> f64 {
-    (allowance * GROWTH).max(allowance + 1.0)
-}
-
-/// The dependency's allowance from its tenants' `(allowance, seen)`: their
-/// average weighted by requests seen; when none was seen in the window,
-/// their plain average; with no tenant, `initial`.
-pub fn blend(tenants: impl IntoIterator<Item = (f64, u64)>, initial: f64) -> f64 {
-    let (mut weighted, mut weight, mut plain, mut n) = (0.0, 0.0, 0.0, 0.0);
-    for (allowance, seen) in tenants {
-        weighted += allowance * seen as f64;
-        weight += seen as f64;
-        plain += allowance;
-        n += 1.0;
-    }
-    if weight > 0.0 {
-        weighted / weight
-    } else if n > 0.0 {
-        plain / n
-    } else {
-        initial
-    }
-}
-
 mod counts;
 mod explain;
+mod growth;
 
 #[cfg(test)]
 mod tests;

@@ -134,3 +134,23 @@ impl TenantHealth {
         }
     }
 }
+
+/// The dependency's allowance from its tenants' `(allowance, seen)`: their
+/// average weighted by requests seen; when none was seen in the window,
+/// their plain average; with no tenant, `initial`.
+pub fn blend(tenants: impl IntoIterator<Item = (f64, u64)>, initial: f64) -> f64 {
+    let (mut weighted, mut weight, mut plain, mut n) = (0.0, 0.0, 0.0, 0.0);
+    for (allowance, seen) in tenants {
+        weighted += allowance * seen as f64;
+        weight += seen as f64;
+        plain += allowance;
+        n += 1.0;
+    }
+    if weight > 0.0 {
+        weighted / weight
+    } else if n > 0.0 {
+        plain / n
+    } else {
+        initial
+    }
+}

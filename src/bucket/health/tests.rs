@@ -368,3 +368,75 @@ fn a_burst_of_calls_is_no_surge_when_their_successes_come_with_it() {
     overload.count(10, &failures(30), &LIMITS);
     assert_eq!(overload.allowance(), LIMITS.floor, "cut");
 }
+
+#[test]
+fn past_half_of_where_a_recovery_overloaded_growth_adds_until_the_recovery_is_over() {
+    let retries = |granted, retries_failed| Second {
+        granted,
+        retries_failed,
+        deferred: 5,
+        ..Second::default()
+    };
+    let mut h = TenantHealth::new(0, 20.0);
+    h.count(1, &failures(1), &LIMITS);
+    h.count(10, &failures(50), &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.floor, "out of calm: to the floor");
+    // The backlog's release multiplies the allowance up to the cap, where
+    // its retries overload the dependency: three seconds of them failing.
+    for s in 11..34 {
+        h.count(s, &retries(2, 0), &LIMITS);
+    }
+    h.advance(34, &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.cap, "no threshold yet: multiplied");
+    for s in 34..37 {
+        h.count(s, &retries(20, 20), &LIMITS);
+    }
+    h.advance(37, &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.cap * CUT * CUT * CUT);
+    // (two more halvings while those failures are recent, then growth:)
+    // by a quarter a second up to half the cap (the first cut of the
+    // episode set it), then by a twentieth of that a second.
+    let mut path = vec![];
+    for s in 37..75 {
+        h.count(s, &retries(2, 0), &LIMITS);
+        h.advance(s + 1, &LIMITS);
+        path.push(h.allowance());
+    }
+    let threshold = LIMITS.cap * CUT;
+    let at = path
+        .iter()
+        .position(|&a| a == threshold)
+        .expect("stops at it");
+    let multiplied = |a: f64| (a * GROWTH).max(a + 1.0).min(threshold);
+    assert!(
+        path[2..=at]
+            .windows(2)
+            .all(|w| w[1] == multiplied(w[0]) || w[1] == w[0]),
+        "{path:?}"
+    );
+    for w in path[at..].windows(2).filter(|w| w[1] < LIMITS.cap) {
+        assert!(
+            (w[1] - w[0] - threshold * ADDITIVE_SHARE).abs() < 1e-9,
+            "{path:?}"
+        );
+    }
+    // A swing more than 30 s after the last cut, the backlog still being
+    // released: by half, not to the floor.
+    let before = h.allowance();
+    h.count(75, &retries(20, 20), &LIMITS);
+    h.advance(76, &LIMITS);
+    assert_eq!(h.allowance(), before * CUT, "a swing");
+    // The recovery over (nothing deferred for the calm), a new outage is
+    // out of calm: to the floor, and growth multiplies past the old
+    // threshold again.
+    for s in 76..110 {
+        h.count(s, &Second::default(), &LIMITS);
+    }
+    h.count(110, &failures(60), &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.floor);
+    for s in 111..140 {
+        h.count(s, &retries(2, 0), &LIMITS);
+    }
+    h.advance(140, &LIMITS);
+    assert_eq!(h.allowance(), LIMITS.cap, "{}", h.allowance());
+}

@@ -19,8 +19,8 @@
 //! # The rule (one step a second, on the second just ended)
 //! - **Trouble** cuts the allowance: out of calm (no cut in the
 //!   [`CALM_SECONDS`] before, no recovery's backlog being released) to the
-//!   floor at once, else by half, down past
-//!   the floor to [`PROBE_BACKOFF`] times under it while it lasts (see
+//!   floor at once, else by half, down past the floor to
+//!   [`PROBE_BACKOFF`] times under it while it lasts (see
 //!   `TenantHealth::cut`):
 //!   - a *surge*: at least [`SURGE_MIN`] fresh failures in the second, more
 //!     than [`SURGE_FACTOR`] times the tenant's own recent failure rate (an
@@ -316,16 +316,14 @@ impl TenantHealth {
 
     /// Cuts the allowance at `second`. Trouble out of calm (no cut in the
     /// [`CALM_SECONDS`] before, and no threshold learnt: not the swings of
-    /// a recovery, however long each takes) cuts to the floor: what halving would leave in the next seconds (a half, a
-    /// quarter, an eighth) all runs into the overload's queue, which the
+    /// a recovery, however long each takes) cuts to the floor: what
+    /// halving would leave in the next seconds (a half, a quarter, an
+    /// eighth) all runs into the overload's queue, which the
     /// dependency drains at its spare capacity alone. A surge out of calm
     /// also pauses the tenant's own lane. Any other cut halves, down past
     /// the floor to [`PROBE_BACKOFF`] times under it.
     fn cut(&mut self, second: u64, surge: bool, limits: &Limits) {
-        let calm = self.threshold.is_none()
-            && self
-                .cut_at
-                .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS);
+        let calm = self.threshold.is_none() && self.no_cut_for_calm(second);
         if surge && calm {
             self.surge_began = Some(second);
         }
@@ -355,6 +353,12 @@ impl TenantHealth {
     pub fn lane_paused(&self, now: u64) -> bool {
         self.surge_began
             .is_some_and(|at| now.saturating_sub(at) <= WINDOW_SECONDS as u64)
+    }
+
+    /// Whether no cut came in the [`CALM_SECONDS`] before `second`.
+    fn no_cut_for_calm(&self, second: u64) -> bool {
+        self.cut_at
+            .is_none_or(|at| second.saturating_sub(at) > CALM_SECONDS)
     }
 
     /// Whether the allowance was cut in the second `second`.
@@ -425,7 +429,7 @@ impl TenantHealth {
             .elevated_at
             .is_some_and(|at| second.saturating_sub(at) < HOLD_SECONDS);
         let may_grow = retries_ok && !self.held(second) && !elevated;
-        if window.deferred == 0 && self.cut_at.is_none_or(|at| second - at > CALM_SECONDS) {
+        if window.deferred == 0 && self.no_cut_for_calm(second) {
             // The recovery is over: its backlog released, calm since.
             self.threshold = None;
         }

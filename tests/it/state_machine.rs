@@ -391,7 +391,7 @@ fn absolute(record: Option<&ActivityRecord>, step: &Step, now: i64) -> Abs {
 /// The record as the store would read it back.
 fn round_trip(record: &ActivityRecord) -> ActivityRecord {
     let mut bytes = Vec::new();
-    encode_into(record, &mut bytes);
+    encode_into(record.clone(), &mut bytes);
     let decoded = decode(&bytes).expect("what was encoded decodes");
     assert_eq!(&decoded, record, "the record round-trips through the codec");
     decoded

@@ -446,7 +446,7 @@ fn earlier_version_dir(dir: &std::path::Path, records: &[ActivityRecord], paces:
         let mut table = txn.open_table(ACTIVITIES).unwrap();
         for r in records {
             let mut bytes = Vec::new();
-            codec::encode_into(r, &mut bytes);
+            codec::encode_into(r.clone(), &mut bytes);
             table
                 .insert(
                     (r.tenant.as_str(), r.activity_id.as_str()),

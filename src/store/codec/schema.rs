@@ -67,40 +67,47 @@ impl From<Option<HintSource>> for pb::HintSource {
     }
 }
 
-impl From<&ActivityRecord> for pb::ActivityRecord {
-    fn from(record: &ActivityRecord) -> Self {
-        Self {
-            tenant: record.tenant.clone(),
-            activity_id: record.activity_id.clone(),
-            workflow_id: record.workflow_id.clone(),
-            policy: Some(pb::Policy {
-                max_attempts: record.policy.max_attempts,
-                deadline_seconds: record.policy.deadline_seconds,
-                base: record.policy.base,
-                cap: record.policy.cap,
-            }),
-            started_at_ms: record.started_at_ms,
-            attempts: record.attempts,
-            status: pb::Status::from(record.status).into(),
-            closed_code: record.closed_code.clone(),
-            closed_at_ms: record.closed_at_ms,
-            reservation: record.deferral.map(|d| pb::Reservation {
-                attempt: d.attempt,
-                not_before_ms: d.not_before_ms,
-                booked: false,
-                waiting_since_ms: d.waiting_since_ms,
-            }),
-            events: record
-                .events
-                .iter()
-                .map(|e| pb::Event::from(&**e))
-                .collect(),
-        }
+/// A record taken apart for a save: the message without its events, and
+/// the events. Its strings move into the message rather than being copied
+/// (a save has no further use for the record).
+pub(super) fn split(record: ActivityRecord) -> (pb::ActivityRecord, Vec<Arc<Event>>) {
+    let message = pb::ActivityRecord {
+        tenant: record.tenant,
+        activity_id: record.activity_id,
+        workflow_id: record.workflow_id,
+        policy: Some(pb::Policy {
+            max_attempts: record.policy.max_attempts,
+            deadline_seconds: record.policy.deadline_seconds,
+            base: record.policy.base,
+            cap: record.policy.cap,
+        }),
+        started_at_ms: record.started_at_ms,
+        attempts: record.attempts,
+        status: pb::Status::from(record.status).into(),
+        closed_code: record.closed_code,
+        closed_at_ms: record.closed_at_ms,
+        reservation: record.deferral.map(|d| pb::Reservation {
+            attempt: d.attempt,
+            not_before_ms: d.not_before_ms,
+            booked: false,
+            waiting_since_ms: d.waiting_since_ms,
+        }),
+        events: Vec::new(),
+    };
+    (message, record.events)
+}
+
+/// An event's strings move too, unless someone else holds it (a loaded
+/// history is the record's alone; only the new event is shared, with the
+/// answer): then they are copied.
+impl From<Arc<Event>> for pb::Event {
+    fn from(e: Arc<Event>) -> Self {
+        Self::from(Arc::unwrap_or_clone(e))
     }
 }
 
-impl From<&Event> for pb::Event {
-    fn from(e: &Event) -> Self {
+impl From<Event> for pb::Event {
+    fn from(e: Event) -> Self {
         Self {
             kind: pb::EventKind::from(e.kind).into(),
             attempt: e.attempt,
@@ -113,14 +120,14 @@ impl From<&Event> for pb::Event {
             delay_ms: e.delay_ms,
             not_before_ms: e.not_before_ms,
             action: pb::Action::from(e.action).into(),
-            code: e.code.clone(),
-            reason: e.reason.clone(),
+            code: e.code,
+            reason: e.reason,
             token_taken: e.payment.is_token(),
             slot_booked: e.payment.place().is_some(),
             waiting_since_ms: e.payment.place(),
             dependency_untracked: e.dependency_untracked,
-            defer_reason: e.defer_reason.clone(),
-            rule: e.rule.clone(),
+            defer_reason: e.defer_reason,
+            rule: e.rule,
             hint: e.hint.map(|h| pb::Hint {
                 delay_ms: h.delay_ms,
                 source: pb::HintSource::from(h.source).into(),
@@ -132,7 +139,7 @@ impl From<&Event> for pb::Event {
                     retry_info: h.ignored.retry_info,
                 }),
             }),
-            dependency: e.dependency.clone(),
+            dependency: e.dependency,
             recorded_at_ms: e.recorded_at_ms,
         }
     }

@@ -84,7 +84,7 @@ impl PgStore {
                 .iter()
                 .map(|r| {
                     let mut bytes = Vec::new();
-                    codec::encode_into(r, &mut bytes);
+                    codec::encode_into(r.clone(), &mut bytes);
                     bytes
                 })
                 .collect();

@@ -158,6 +158,9 @@ pub struct TenantHealth {
     cut_at: Option<u64>,
     /// Where growth turns from multiplying to adding (`growth`).
     threshold: Option<f64>,
+    /// The first second counted: before a window has passed since, an
+    /// empty window is no news (a restart's, not a recovery's end).
+    counted_since: u64,
     /// The last second whose fresh failures were well above the recent
     /// rate (at least [`ELEVATED_MIN`], more than [`ELEVATED_FACTOR`] times
     /// it): growth holds for [`HOLD_SECONDS`] after it.
@@ -181,6 +184,20 @@ pub struct TenantHealth {
     lane: f64,
 }
 
+/// What a restart takes back of a tenant's evidence
+/// ([`TenantHealth::restored`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Saved {
+    /// The allowance its evidence argued for.
+    pub allowance: f64,
+    /// Its recent failure rate, a second.
+    pub baseline: f64,
+    /// Where its evidence stood.
+    pub state: HealthState,
+    /// Its threshold (`growth`), if a recovery was under way.
+    pub threshold: Option<f64>,
+}
+
 impl TenantHealth {
     /// A tenant first seen at `now` (seconds), starting at `allowance`.
     pub fn new(now: u64, allowance: f64) -> Self {
@@ -191,6 +208,7 @@ impl TenantHealth {
             allowance,
             cut_at: None,
             threshold: None,
+            counted_since: now,
             elevated_at: None,
             surged: false,
             surge_began: None,
@@ -202,13 +220,15 @@ impl TenantHealth {
     }
 
     /// A tenant restored from what was persisted: its allowance, recent
-    /// failure rate and state, the window empty.
-    pub fn restored(now: u64, allowance: f64, baseline: f64, state: HealthState) -> Self {
+    /// failure rate, state and threshold (a recovery under way when it was
+    /// saved keeps growing by adding past it), the window empty.
+    pub fn restored(now: u64, saved: Saved) -> Self {
         Self {
-            baseline,
-            cut_at: (state == HealthState::Trouble).then_some(now),
-            seen_any: state != HealthState::NoEvidence,
-            ..Self::new(now, allowance)
+            baseline: saved.baseline,
+            cut_at: (saved.state == HealthState::Trouble).then_some(now),
+            threshold: saved.threshold,
+            seen_any: saved.state != HealthState::NoEvidence,
+            ..Self::new(now, saved.allowance)
         }
     }
 
@@ -272,6 +292,12 @@ impl TenantHealth {
     /// The recent failure rate.
     pub fn baseline(&self) -> f64 {
         self.baseline
+    }
+
+    /// Where growth turns from multiplying to adding, while a recovery is
+    /// under way (`growth`).
+    pub fn threshold(&self) -> Option<f64> {
+        self.threshold
     }
 
     /// Counts `what` in the second `now`, stepping the rule over the whole
@@ -429,7 +455,10 @@ impl TenantHealth {
             .elevated_at
             .is_some_and(|at| second.saturating_sub(at) < HOLD_SECONDS);
         let may_grow = retries_ok && !self.held(second) && !elevated;
-        if window.deferred == 0 && self.no_cut_for_calm(second) {
+        if window.deferred == 0
+            && self.no_cut_for_calm(second)
+            && second >= self.counted_since + WINDOW_SECONDS as u64
+        {
             // The recovery is over: its backlog released, calm since.
             self.threshold = None;
         }
@@ -452,41 +481,6 @@ impl TenantHealth {
             self.allowance = limits.clamp_low(self.allowance);
         }
         self.baseline += (f64::from(just.failures) - self.baseline) / BASELINE_SECONDS;
-    }
-
-    /// The evidence as of `now` (stepped up to it).
-    pub fn evidence(&self, now: u64, limits: &Limits) -> Evidence {
-        let window = self.window_before(now);
-        let just = self.last_second(now);
-        let in_trouble = self
-            .cut_at
-            .is_some_and(|at| now.saturating_sub(at) <= WINDOW_SECONDS as u64);
-        let state = if in_trouble {
-            HealthState::Trouble
-        } else if !self.seen_any {
-            HealthState::NoEvidence
-        } else if self.allowance < self.rest(limits) - RECOVERED_WITHIN {
-            HealthState::Recovering
-        } else {
-            HealthState::Healthy
-        };
-        Evidence {
-            state,
-            failures: just.failures,
-            baseline: self.baseline,
-            granted: self.fates.map_or(window.granted, |f| f.granted),
-            retries_failed: self.fates.map_or(window.retries_failed, |f| f.failed),
-            surged: self.surged,
-        }
-    }
-
-    /// Whether this tenant holds evidence of trouble worth keeping: cut
-    /// recently, or still below its resting allowance.
-    pub fn holds_trouble(&self, now: u64, limits: &Limits) -> bool {
-        matches!(
-            self.evidence(now, limits).state,
-            HealthState::Trouble | HealthState::Recovering
-        )
     }
 }
 

@@ -332,4 +332,7 @@ pub struct TenantPaceRecord {
     pub state: HealthState,
     /// Its reported successes a second (its own lane's input).
     pub success_rate: f64,
+    /// Where its growth turns from multiplying to adding, while a recovery
+    /// is under way.
+    pub threshold: Option<f64>,
 }

@@ -223,6 +223,7 @@ fn pace(name: &str, allowance: f64, state: HealthState) -> PaceRecord {
             baseline: 12.5,
             state,
             success_rate: 2000.0,
+            threshold: None,
         }],
     }
 }
@@ -241,7 +242,9 @@ async fn paces<S: Store, F: Fn() -> S>(store: S, open: F) {
         .save_paces(vec![down.clone(), busy.clone()])
         .await
         .unwrap();
-    let recovered = pace("payments-api", 8.0, HealthState::Recovering);
+    // A recovery under way keeps where its growth turns to adding.
+    let mut recovered = pace("payments-api", 8.0, HealthState::Recovering);
+    recovered.tenants[0].threshold = Some(40.0);
     store.save_paces(vec![recovered.clone()]).await.unwrap();
     drop(store);
     let store = open();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Dependencies, MAX_TENANTS_PER_DEPENDENCY, RESTORED_HOLD_SECONDS, entry};
-use crate::bucket::health::TenantHealth;
+use crate::bucket::health::{Saved, TenantHealth};
 use crate::budget::token::{PaceRecord, TenantPaceRecord};
 
 impl Dependencies {
@@ -36,6 +36,7 @@ impl Dependencies {
                             baseline: t.health.baseline(),
                             state: t.health.evidence(second, &limits).state,
                             success_rate: t.success_rate(now),
+                            threshold: t.health.threshold(),
                         })
                         .collect(),
                 }
@@ -44,7 +45,7 @@ impl Dependencies {
     }
 
     /// Takes back what was persisted (at start-up): each dependency's
-    /// tenants with their allowance, failure rate and reported successes,
+    /// tenants with their allowance, failure rate, threshold and reported successes,
     /// while there is room. A tenant's reported success rate is held until
     /// its own reports have filled a window (`TenantEntry::add_successes`),
     /// and at most [`RESTORED_HOLD_SECONDS`] when none come.
@@ -74,9 +75,16 @@ impl Dependencies {
                     finite_or(t.allowance, limits.initial).clamp(limits.floor, limits.cap);
                 te.health = TenantHealth::restored(
                     second,
-                    allowance,
-                    finite_or(t.baseline, 0.0).max(0.0),
-                    t.state,
+                    Saved {
+                        allowance,
+                        baseline: finite_or(t.baseline, 0.0).max(0.0),
+                        state: t.state,
+                        // Above the floor, as one learnt is above the rest.
+                        threshold: t
+                            .threshold
+                            .filter(|v| v.is_finite() && *v > limits.floor)
+                            .map(|v| v.min(limits.cap)),
+                    },
                 );
                 let rate = finite_or(t.success_rate, 0.0).clamp(0.0, 1e9);
                 te.restored = (rate > 0.0).then_some((rate, second + RESTORED_HOLD_SECONDS));

@@ -18,10 +18,10 @@
 //! threshold, and only above the resting allowance: the floor's probes
 //! failing through an outage say nothing of the capacity the drain will
 //! find. While it is known, trouble is one of those swings however long
-//! the last one took (a cut by half, not to the floor). It is forgotten
-//! once the recovery is over (nothing deferred in the window, no cut for
-//! [`super::CALM_SECONDS`]): the next outage's dependency may not be the
-//! one that overloaded last time.
+//! the last one took (a cut by half, not to the floor). It is persisted
+//! with the pace, and forgotten once the recovery is over (nothing
+//! deferred in a whole window, no cut for [`super::CALM_SECONDS`]): the
+//! next outage's dependency may not be the one that overloaded last time.
 
 /// The allowance's growth a second below the threshold.
 pub const GROWTH: f64 = 1.25;

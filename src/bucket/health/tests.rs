@@ -440,3 +440,56 @@ fn past_half_of_where_a_recovery_overloaded_growth_adds_until_the_recovery_is_ov
     h.advance(140, &LIMITS);
     assert_eq!(h.allowance(), LIMITS.cap, "{}", h.allowance());
 }
+
+#[test]
+fn a_restored_threshold_keeps_growth_adding_until_a_window_says_the_recovery_is_over() {
+    let saved = Saved {
+        allowance: 30.0,
+        baseline: 2.0,
+        state: HealthState::Recovering,
+        threshold: Some(40.0),
+    };
+    let released = Second {
+        granted: 2,
+        deferred: 5,
+        ..Second::default()
+    };
+    // A restart in a recovery's swing: the window starts empty, which is
+    // no news; the backlog's deferrals come back within it.
+    let mut h = TenantHealth::restored(100, saved);
+    assert_eq!(h.threshold(), Some(40.0));
+    for s in 100..110 {
+        h.count(s, &released, &LIMITS);
+    }
+    h.advance(110, &LIMITS);
+    assert_eq!(
+        h.threshold(),
+        Some(40.0),
+        "kept while the backlog is released"
+    );
+    let path: Vec<f64> = (110..113)
+        .map(|s| {
+            h.count(s, &released, &LIMITS);
+            h.advance(s + 1, &LIMITS);
+            h.allowance()
+        })
+        .collect();
+    assert!(path[0] > 40.0, "multiplied up to it, then added: {path:?}");
+    assert!(
+        path.windows(2)
+            .all(|w| (w[1] - w[0] - 40.0 * ADDITIVE_SHARE).abs() < 1e-9),
+        "{path:?}"
+    );
+    // Restored where the backlog was gone: forgotten once a whole window
+    // has passed with nothing deferred (and no cut for the calm's span),
+    // not at the restart's first second.
+    let mut h = TenantHealth::restored(100, saved);
+    h.advance(101, &LIMITS);
+    assert_eq!(
+        h.threshold(),
+        Some(40.0),
+        "an empty first second is no news"
+    );
+    h.advance(100 + CALM_SECONDS, &LIMITS);
+    assert_eq!(h.threshold(), None);
+}

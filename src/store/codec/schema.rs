@@ -296,6 +296,7 @@ impl From<&PaceRecord> for pb::DependencyPace {
                     baseline: t.baseline,
                     state: t.state.code(),
                     success_rate: t.success_rate,
+                    threshold: t.threshold,
                 })
                 .collect(),
         }
@@ -320,6 +321,7 @@ impl From<pb::DependencyPace> for PaceRecord {
                     baseline: t.baseline,
                     state: HealthState::from_code(t.state),
                     success_rate: t.success_rate,
+                    threshold: t.threshold,
                 })
                 .collect(),
         }

@@ -56,3 +56,48 @@ fn the_pace_survives_a_snapshot_and_restore() {
         "{busy} of 50 retried where it was paced at 200 a second"
     );
 }
+
+#[test]
+fn a_recoverys_threshold_survives_and_a_bad_one_is_dropped() {
+    use crate::budget::token::{HealthState, PaceRecord, TenantPaceRecord};
+    let (_, config) = global(100.0);
+    let tenant = |name: &str, threshold| TenantPaceRecord {
+        tenant: name.into(),
+        allowance: 30.0,
+        baseline: 1.0,
+        state: HealthState::Recovering,
+        success_rate: 0.0,
+        threshold,
+    };
+    let records = [PaceRecord {
+        dependency: "payments".into(),
+        allowance: 30.0,
+        state: HealthState::Recovering,
+        saved_at_ms: 1_000,
+        tenants: vec![
+            tenant("a", Some(40.0)),
+            tenant("b", Some(f64::NAN)),
+            tenant("c", Some(0.5)),
+            tenant("d", Some(1e12)),
+        ],
+    }];
+    let mut restarted = dependencies(&config);
+    let t1 = Duration::from_secs(3);
+    restarted.restore(&records, t1);
+    let saved = restarted.snapshot(t1, 2_000);
+    let thresholds: Vec<_> = saved[0]
+        .tenants
+        .iter()
+        .map(|t| (t.tenant.as_str(), t.threshold))
+        .collect();
+    assert_eq!(
+        thresholds,
+        [
+            ("a", Some(40.0)),
+            ("b", None),
+            ("c", None),
+            ("d", Some(100.0))
+        ],
+        "kept, then not a number and under the floor dropped, over the cap capped"
+    );
+}

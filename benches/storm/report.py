@@ -25,7 +25,7 @@ POLICIES = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default",
             "rb-default/no-reports", "rb-default/records-only", "rb-static100",
             "rb-ratio", "rb-static2", "rb-static5", "rb-low", "rb-static20", "rb-static40"]
 SCENARIOS = ["drop", "two-deps", "flaky", "drop10", "drop1000", "restart", "service-restart"]
-LONG = ["long-outage", "long-outage-down"]
+LONG = ["long-outage", "long-outage-down", "long-outage-restart"]
 # The plot's lines: the sweep's other static rates would hide the rest.
 PLOTTED = ["none", "naive", "backoff", "aws", "grpc", "finagle", "rb-default", "rb-static100",
            "rb-low", "rb-ratio"]

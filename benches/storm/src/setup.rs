@@ -93,6 +93,11 @@ pub enum Scenario {
     /// `long-outage` with the dependency fully down: every call during the
     /// outage fails at once (UNAVAILABLE).
     LongOutageDown,
+    /// `long-outage` with the retry-budget service killed 60 s into the
+    /// drain and started again 3 s later on the same data (a deploy in the
+    /// middle of a recovery): the pace, and the point where the recovery
+    /// last overloaded the dependency, must survive it.
+    LongOutageRestart,
     /// Two dependencies (issue #52): A is the drop's, B a healthy one of its
     /// own capacity beside it, called by the same workers. B fails a few
     /// calls at random, so that it needs a few retries that a budget could
@@ -173,7 +178,10 @@ pub struct Setup {
 impl Scenario {
     /// Whether this is one of the long outages (their own timeline).
     pub fn long(self) -> bool {
-        matches!(self, Scenario::LongOutage | Scenario::LongOutageDown)
+        matches!(
+            self,
+            Scenario::LongOutage | Scenario::LongOutageDown | Scenario::LongOutageRestart
+        )
     }
 }
 
@@ -222,7 +230,7 @@ impl Setup {
             // rho 0.7: C - load = 0.3 C of spare capacity drains the backlog
             // of the outage within the run (its physical limit, about 80 s
             // at C/3 and 140 s fully down, is well inside the 240 s after).
-            Scenario::LongOutage | Scenario::LongOutageDown => Self {
+            Scenario::LongOutage | Scenario::LongOutageDown | Scenario::LongOutageRestart => Self {
                 rho: 0.7,
                 deadline: Duration::from_secs(600),
                 queue_cap: Some((capacity * main.timeout.as_secs_f64()).round() as usize),
@@ -232,6 +240,10 @@ impl Setup {
                 } else {
                     1.0 / 3.0
                 },
+                service_outage: (scenario == Scenario::LongOutageRestart).then_some(Outage {
+                    into_trigger: timeline.trigger + 60.0,
+                    down: 3.0,
+                }),
                 ..main
             },
             Scenario::ServiceRestart => Self {

@@ -45,10 +45,11 @@ impl Dependencies {
     }
 
     /// Takes back what was persisted (at start-up): each dependency's
-    /// tenants with their allowance, failure rate, threshold and reported successes,
-    /// while there is room. A tenant's reported success rate is held until
-    /// its own reports have filled a window (`TenantEntry::add_successes`),
-    /// and at most [`RESTORED_HOLD_SECONDS`] when none come.
+    /// tenants with their allowance, failure rate, threshold and reported
+    /// successes, while there is room. A tenant's reported success rate is
+    /// held until its own reports have filled a window
+    /// (`TenantEntry::add_successes`), and at most [`RESTORED_HOLD_SECONDS`]
+    /// when none come.
     pub fn restore(&mut self, records: &[PaceRecord], now: Duration) {
         let second = now.as_secs();
         for record in records {
